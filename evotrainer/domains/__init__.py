@@ -1,0 +1,42 @@
+"""Task domains: task sources and verifiers (math today; code and swe register here too).
+
+``get_domain("math", n_train=..., ...)`` builds a domain by name. Domains are imported lazily so
+that importing this package stays cheap (the math verifier pulls in sympy on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from evotrainer.domains.base import Domain
+from evotrainer.domains.task import SPLITS, Task, text_key
+
+# name -> "module:attribute" (lazy) or a factory registered at runtime.
+_REGISTRY: dict[str, str | Callable[..., Domain]] = {
+    "math": "evotrainer.domains.math_domain:MathDomain",
+}
+
+
+def register_domain(name: str, factory: str | Callable[..., Domain]) -> None:
+    """Makes ``get_domain(name)`` build domains with ``factory`` ("module:attr" or a callable)."""
+    _REGISTRY[name] = factory
+
+
+def known_domains() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_domain(name: str, **kwargs: Any) -> Domain:
+    """A domain by registered name, built with ``kwargs``; unknown names list the known ones."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown domain {name!r}; known domains: {', '.join(known_domains())}")
+    factory = _REGISTRY[name]
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    return factory(**kwargs)
+
+
+__all__ = ["SPLITS", "Domain", "Task", "get_domain", "known_domains", "register_domain", "text_key"]

@@ -1,0 +1,43 @@
+"""Domain: a task source plus a verifier (plus, later, an environment for agentic tasks).
+
+The engine talks to every domain through this small interface: ``tasks(split)`` for the task lists
+and ``verify(task, completion)`` for the verdict on one completion. The verdict is the *visible*
+outcome (``correct``, ``format_ok``, ``extracted``, ...); whether it may be shown to a harness is the
+engine's decision by split (train: visible; heldout/test: stored as the rollout's hidden outcome).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from evotrainer.domains.task import SPLITS, Task
+
+
+class Domain:
+    """Base class of task domains (math, code, swe). Subclasses set ``name`` and implement
+    ``tasks`` and ``verify``; ``verify_batch`` loops by default and may be overridden."""
+
+    name: str = "domain"
+
+    def tasks(self, split: str) -> list[Task]:
+        raise NotImplementedError
+
+    def verify(self, task: Task, completion: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[dict[str, Any]]:
+        if len(tasks) != len(completions):
+            raise ValueError(f"{self.name}: {len(tasks)} tasks but {len(completions)} completions")
+        return [self.verify(t, c) for t, c in zip(tasks, completions)]
+
+    def task_by_id(self, task_id: str) -> Task:
+        for split in SPLITS:
+            for t in self.tasks(split):
+                if t.id == task_id:
+                    return t
+        raise KeyError(f"{self.name}: no task with id {task_id!r}")
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={len(self.tasks(s))}" for s in SPLITS)
+        return f"{type(self).__name__}({sizes})"

@@ -1,0 +1,197 @@
+"""Edits of harness programs: search/replace diffs, hook rewrites, crossover, and the factor rule.
+
+Every edit either applies exactly as asked or raises ``EditError`` naming the block and the reason;
+nothing is ever skipped silently, because an operator whose edit half-applied would be credited
+with a change it did not make. Edits may only touch EVOLVE blocks.
+
+A *factor* is ``knob:<name>`` or ``hook:<name>``. A hook's identity is the normalised AST of its
+function plus the top-level helpers, constants and imports it reaches, so changing a helper used by
+two hooks counts as changing both (and is rejected by the single-factor rule).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .errors import ContractError, EditError, SingleFactorError
+from .program import EVOLVE_END, EVOLVE_START, HOOK_PARAMS, HOOKS, HarnessProgram, normalised_dump
+
+_SEARCH = re.compile(r"^<{5,9} ?SEARCH\s*$")
+_DIVIDER = re.compile(r"^={5,9}\s*$")
+_REPLACE = re.compile(r"^>{5,9} ?REPLACE\s*$")
+
+
+# ---- search / replace -------------------------------------------------------------------------
+def parse_search_replace(diff_text: str) -> list[tuple[list[str], list[str]]]:
+    """The (search lines, replace lines) blocks of a diff; text around the blocks is ignored."""
+    blocks, state, search, replace = [], None, [], []
+    for line in diff_text.splitlines():
+        if state is None:
+            if _SEARCH.match(line):
+                state, search, replace = "search", [], []
+        elif state == "search":
+            if _DIVIDER.match(line):
+                state = "replace"
+            elif _SEARCH.match(line) or _REPLACE.match(line):
+                raise EditError(f"block {len(blocks) + 1}: expected ======= after the SEARCH lines")
+            else:
+                search.append(line)
+        elif _REPLACE.match(line):
+            blocks.append((search, replace))
+            state = None
+        elif _SEARCH.match(line) or _DIVIDER.match(line):
+            raise EditError(f"block {len(blocks) + 1}: expected >>>>>>> REPLACE to close the block")
+        else:
+            replace.append(line)
+    if state is not None:
+        raise EditError(f"block {len(blocks) + 1}: not closed with >>>>>>> REPLACE")
+    if not blocks:
+        raise EditError("no SEARCH/REPLACE blocks found")
+    return blocks
+
+
+def apply_search_replace(program: HarnessProgram, diff_text: str) -> HarnessProgram:
+    """Applies every block in order; each must match exactly once, inside one EVOLVE block."""
+    current = program
+    for n, (search, replace) in enumerate(parse_search_replace(diff_text), 1):
+        if not any(s.strip() for s in search):
+            raise EditError(f"block {n}: SEARCH is empty")
+        if any(l.strip() in (EVOLVE_START, EVOLVE_END) for l in search + replace):
+            raise EditError(f"block {n}: edits must not add, move or remove EVOLVE-BLOCK markers")
+        lines = current.lines
+        # Trailing whitespace is not significant (LLMs drop it); indentation is.
+        want = [s.rstrip() for s in search]
+        k = len(want)
+        hits = [i for i in range(len(lines) - k + 1) if [l.rstrip() for l in lines[i : i + k]] == want]
+        if not hits:
+            raise EditError(f"block {n}: SEARCH text not found (it must match whole lines exactly)")
+        if len(hits) > 1:
+            where = ", ".join(str(i + 1) for i in hits[:5])
+            raise EditError(f"block {n}: SEARCH text matches {len(hits)} places (lines {where}); add context")
+        first, last = hits[0] + 1, hits[0] + k
+        try:
+            inside = current.in_evolve_block(first, last)
+        except ContractError as e:
+            raise EditError(f"block {n}: {e}") from None
+        if not inside:
+            raise EditError(f"block {n}: lines {first}-{last} are outside the EVOLVE blocks")
+        current = current.with_source(_join(lines[: first - 1] + replace + lines[last:], program.source))
+    return current
+
+
+def _join(lines: list[str], like: str) -> str:
+    return "\n".join(lines) + ("\n" if like.endswith("\n") else "")
+
+
+# ---- hook rewrite and crossover ---------------------------------------------------------------
+def rewrite_hook(program: HarnessProgram, hook: str, new_source: str) -> HarnessProgram:
+    """Replaces the whole ``def hook`` (which must lie in an EVOLVE block) with ``new_source``.
+
+    A hook the program does not define yet is appended in a new EVOLVE block.
+    """
+    if hook not in HOOK_PARAMS:
+        raise EditError(f"{hook!r} is not a hook; hooks: {', '.join(HOOKS)}")
+    try:
+        tree = ast.parse(new_source)
+    except SyntaxError as e:
+        raise EditError(f"new {hook} source: syntax error at line {e.lineno}: {e.msg}") from None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].name != hook:
+        raise EditError(f"new {hook} source must be exactly one top-level 'def {hook}(...)'")
+    return _replace_hook(program, hook, new_source.strip("\n"))
+
+
+def _replace_hook(program: HarnessProgram, hook: str, text: str) -> HarnessProgram:
+    lines = program.lines
+    node = program.functions.get(hook)
+    if node is None:
+        new = lines + ["", "", EVOLVE_START, *text.splitlines(), EVOLVE_END]
+        return program.with_source(_join(new, "\n"))
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    if not program.in_evolve_block(first, node.end_lineno):
+        raise EditError(f"hook {hook} (lines {first}-{node.end_lineno}) is outside the EVOLVE blocks")
+    return program.with_source(_join(lines[: first - 1] + text.splitlines() + lines[node.end_lineno :], program.source))
+
+
+def crossover(a: HarnessProgram, b: HarnessProgram, factor: str) -> HarnessProgram:
+    """Parent ``a`` with one factor (``knob:<name>`` or ``hook:<name>``) taken from parent ``b``."""
+    kind, _, name = factor.partition(":")
+    if kind == "knob":
+        if name not in b.knobs:
+            raise EditError(f"crossover: parent b has no knob {name!r}")
+        if name not in a.knobs:
+            raise EditError(f"crossover: parent a has no knob {name!r} to set")
+        return a.with_knobs(**{name: b.knobs[name]["value"]})
+    if kind != "hook" or name not in HOOK_PARAMS:
+        raise EditError(f"crossover: factor must be knob:<name> or hook:<hook>, got {factor!r}")
+    if name not in b.functions:
+        raise EditError(f"crossover: parent b does not define hook {name}")
+    defs_a, defs_b = _toplevel(a), _toplevel(b)
+    extra = []  # helpers/imports the hook needs that a lacks, carried in with it
+    for dep in sorted(_deps(b, name) - {name}):
+        if dep in defs_a:
+            if defs_a[dep][1] != defs_b[dep][1]:
+                raise EditError(f"crossover: helper {dep!r} differs between the parents")
+        elif defs_b[dep][0] not in extra:
+            extra.append(defs_b[dep][0])
+    # Keep b's order so that helpers are defined before use.
+    texts = [b.segment(n) for n in sorted(extra, key=lambda n: n.lineno)]
+    return _replace_hook(a, name, "\n\n".join(texts + [b.segment(b.functions[name])]))
+
+
+# ---- factors ----------------------------------------------------------------------------------
+def _toplevel(program: HarnessProgram) -> dict[str, tuple[ast.stmt, str]]:
+    """Top-level name -> (defining statement, normalised dump). KNOBS is its own factor."""
+    out: dict[str, tuple[ast.stmt, str]] = {}
+    for stmt in program.tree.body:
+        names: list[str] = []
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [stmt.name]
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            names = [(a.asname or a.name).split(".")[0] for a in stmt.names]
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        for name in names:
+            if name != "KNOBS":
+                out[name] = (stmt, normalised_dump(stmt))
+    return out
+
+
+def _deps(program: HarnessProgram, name: str) -> set[str]:
+    """``name`` and the top-level names it reaches, transitively."""
+    defs = _toplevel(program)
+    seen, todo = set(), [name]
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in defs:
+            continue
+        seen.add(n)
+        todo += [x.id for x in ast.walk(defs[n][0]) if isinstance(x, ast.Name)]
+    return seen
+
+
+def _hook_fingerprint(program: HarnessProgram, hook: str) -> str | None:
+    if hook not in program.functions:
+        return None
+    defs = _toplevel(program)
+    return "\n".join(defs[n][1] for n in sorted(_deps(program, hook)))
+
+
+def factors_changed(parent: HarnessProgram, child: HarnessProgram) -> list[str]:
+    """The factors in which ``child`` differs from ``parent``: knobs (sorted), then hooks."""
+    changed = [f"knob:{k}" for k in sorted(set(parent.knobs) | set(child.knobs))
+               if parent.knobs.get(k) != child.knobs.get(k)]
+    changed += [f"hook:{h}" for h in HOOKS if _hook_fingerprint(parent, h) != _hook_fingerprint(child, h)]
+    return changed
+
+
+def check_single_factor(parent: HarnessProgram, child: HarnessProgram, allow_multi: bool = False) -> list[str]:
+    """The changed factors; SingleFactorError unless there is exactly one (or several, if allowed)."""
+    factors = factors_changed(parent, child)
+    if not factors:
+        raise SingleFactorError("the child changes no factor (no knob value and no hook differs)", factors)
+    if len(factors) > 1 and not allow_multi:
+        raise SingleFactorError(
+            f"the child changes {len(factors)} factors ({', '.join(factors)}); exactly one is allowed", factors)
+    return factors

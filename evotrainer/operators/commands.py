@@ -1,0 +1,81 @@
+"""``evotrainer mutate``: run one operator on a harness file and print the intervention as JSON.
+
+    evotrainer mutate harness.py --operator knobs
+    evotrainer mutate harness.py --operator llm_diff --evidence report.json --llm-url http://localhost:8000/v1 --llm-model qwen
+    evotrainer mutate a.py --operator crossover --second-parent b.py
+
+Exit code 0 with the intervention on stdout, or 1 with the rejection reason (and kind) on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair")
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("mutate", help="propose one intervention on a harness with one operator",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="the parent harness file")
+    p.add_argument("--operator", default="llm_diff", help="operator name (built-in, registered or plugin)")
+    p.add_argument("--evidence", help="JSON file: a health report, or {health_report, skills, history, known_hashes}")
+    p.add_argument("--second-parent", help="second parent harness file (crossover operators)")
+    p.add_argument("--failed-child", help="llm_repair: the child harness file that failed")
+    p.add_argument("--failure", help="llm_repair: the error text it failed with")
+    p.add_argument("--llm-url", help="OpenAI-compatible server URL (default: the local base model)")
+    p.add_argument("--llm-model", help="model name on the server, or a local model spec/folder")
+    p.add_argument("--max-tokens", type=int, default=1024, help="LLM completion tokens (default 1024)")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allow-multi-factor", action="store_true", help="accept children that change several factors")
+    p.set_defaults(func=run_mutate)
+    return p
+
+
+def run_mutate(args: argparse.Namespace) -> int:
+    from evotrainer.genome.program import HarnessProgram
+    from evotrainer.operators.base import Evidence, OperatorError
+    from evotrainer.operators.registry import accepted_kwargs, get_operator
+
+    parents = [HarnessProgram.from_file(args.path)]
+    if args.second_parent:
+        parents.append(HarnessProgram.from_file(args.second_parent))
+    evidence = Evidence.from_dict(json.loads(Path(args.evidence).read_text())) if args.evidence else Evidence()
+    evidence.allow_multi_factor = evidence.allow_multi_factor or args.allow_multi_factor
+    if args.failed_child:
+        evidence.failed_source = Path(args.failed_child).read_text()
+        evidence.failure = args.failure or "(no error text given)"
+    shared: dict = {"seed": args.seed, "max_tokens": args.max_tokens, "temperature": args.temperature}
+    try:
+        if args.operator in LLM_OPERATORS or args.llm_url:
+            from evotrainer.operators.llm_client import make_client
+
+            shared["client"] = make_client(args.llm_url, args.llm_model)
+        op = get_operator(args.operator, **accepted_kwargs(args.operator, shared))
+        intervention = op.propose(parents, evidence)
+    except OperatorError as err:
+        print(json.dumps({"rejected": True, "operator": args.operator, "kind": err.kind, "reason": err.reason}),
+              file=sys.stderr)
+        return 1
+    except (KeyError, ValueError) as err:   # unknown operator, bad arguments
+        print(f"evotrainer mutate: {err.args[0] if err.args else err}", file=sys.stderr)
+        return 1
+    print(json.dumps(intervention.to_dict(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m evotrainer.operators.commands``) until the CLI wires it in."""
+    parser = argparse.ArgumentParser(prog="evotrainer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

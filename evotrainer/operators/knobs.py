@@ -1,0 +1,161 @@
+"""The knob operator: Optuna ask/tell over the genome's declared KNOBS, one knob per child.
+
+Each proposal picks one knob and asks the study for a value of that knob only, so every child
+differs from its parent in exactly one factor. With independent (univariate) TPE this is a sound
+model: each knob's sampler learns from the trials that suggested that knob. ``tell(child_hash,
+fitness)`` reports how a child did (higher is better), so later proposals move toward good values.
+The study lives in memory, or in an Optuna storage URL (e.g. ``sqlite:///knobs.db``) so that it
+survives restarts: a trial records its child's hash as a user attribute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from evotrainer.operators.base import Evidence, OperatorError, make_intervention
+from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
+
+optuna.logging.set_verbosity(logging.WARNING)
+
+
+def knob_distribution(spec: dict[str, Any]) -> BaseDistribution:
+    """The Optuna distribution of one knob spec (``range`` [+ ``log``] or ``choices``)."""
+    if "choices" in spec:
+        return CategoricalDistribution(list(spec["choices"]))
+    lo, hi = spec["range"]
+    log = bool(spec.get("log", False))
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi, spec["value"])):
+        return IntDistribution(lo, hi, log=log)
+    return FloatDistribution(float(lo), float(hi), log=log)
+
+
+def make_sampler(name: str, seed: int | None, n_startup_trials: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # multivariate=False: trials hold one knob each, so a joint model has nothing to learn from.
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=False)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown knob sampler {name!r}; use 'tpe' or 'random'")
+
+
+def suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
+    """The trial's value for one knob, through Optuna's public suggest API."""
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, log=dist.log)
+    value = trial.suggest_float(name, dist.low, dist.high, log=dist.log)
+    # 6 significant digits keep genomes readable and are finer than any effect we could measure.
+    return min(max(float(f"{value:.6g}"), dist.low), dist.high)
+
+
+class KnobOperator:
+    name = "knobs"
+
+    def __init__(self, seed: int = 0, sampler: str = "tpe", storage: str | None = None,
+                 study_name: str = "evotrainer-knobs", n_startup_trials: int = 8,
+                 knobs: list[str] | None = None, max_attempts: int = 8) -> None:
+        self.rng = random.Random(seed)
+        self.only = list(knobs) if knobs else None     # restrict tuning to these knobs
+        self.max_attempts = max_attempts
+        self.study = optuna.create_study(
+            storage=storage, study_name=study_name if storage else None, direction="maximize",
+            sampler=make_sampler(sampler, seed, n_startup_trials), load_if_exists=True,
+        )
+        # child hash -> trial number; rebuilt from the storage so a reloaded study can be told.
+        self._trials: dict[str, int] = {
+            t.user_attrs["child_hash"]: t.number for t in self.study.get_trials(deepcopy=False)
+            if "child_hash" in t.user_attrs
+        }
+
+    # ---- choosing the knob ---------------------------------------------------------------
+    def _candidates(self, knobs: dict[str, dict[str, Any]]) -> list[str]:
+        names = [n for n in knobs if self.only is None or n in self.only]
+        # A knob whose range or choices admit one value cannot make a child.
+        return [n for n in names if "choices" in knobs[n] and len(knobs[n]["choices"]) > 1
+                or "range" in knobs[n] and knobs[n]["range"][0] != knobs[n]["range"][1]]
+
+    def _choose_knob(self, names: list[str], evidence: Evidence) -> str:
+        """Knobs that the health report's alerts mention are three times as likely to be chosen:
+        the diagnosis points at them."""
+        text = " ".join(str(a) for a in evidence.alerts()).lower()
+        weights = [3.0 if n.lower() in text else 1.0 for n in names]
+        return self.rng.choices(names, weights=weights)[0]
+
+    def _param_name(self, knob: str, dist: BaseDistribution) -> str:
+        """The knob's name in the study; a knob whose distribution changed (an evolved range) gets
+        a new name, since Optuna refuses one parameter with two incompatible distributions."""
+        for t in self.study.get_trials(deepcopy=False):
+            old = t.distributions.get(knob)
+            if old is not None and old != dist:
+                digest = hashlib.sha1(repr(dist).encode()).hexdigest()[:8]
+                return f"{knob}@{digest}"
+        return knob
+
+    # ---- proposing -----------------------------------------------------------------------
+    def propose(self, parents: list, evidence: Evidence) -> Intervention:
+        if not parents:
+            raise OperatorError("the knob operator needs a parent", "input")
+        parent = parents[0]
+        try:
+            knobs = parent.knobs
+        except Exception as err:  # a broken parent declares nothing we can tune
+            raise OperatorError(f"cannot read the parent's KNOBS: {err}", "input") from err
+        names = self._candidates(knobs)
+        if not names:
+            raise OperatorError("the parent declares no tunable knob" + (f" among {self.only}" if self.only else ""),
+                                "input")
+        last: OperatorError | None = None
+        for _ in range(self.max_attempts):
+            knob = self._choose_knob(names, evidence)
+            spec = knobs[knob]
+            dist = knob_distribution(spec)
+            trial = self.study.ask()
+            value = suggest(trial, self._param_name(knob, dist), dist)
+            try:
+                child = parent.with_knobs(**{knob: value})
+                intervention = make_intervention(
+                    self.name, parents[:1], child, evidence,
+                    hypothesis=f"If {knob} changes from {spec['value']!r} to {value!r}, held-out score rises, "
+                               "because the sampler's model of earlier children ranks this value higher.",
+                    expected_effect=ExpectedEffect(FITNESS_METRIC, "delta>", 0.0),
+                    details={"knob": knob, "old": spec["value"], "new": value, "trial": trial.number},
+                    check_contract=False,   # only a literal changed, and with_knobs validated it
+                )
+            except OperatorError as err:
+                # A repeat of a known genome (or an unchanged value): this trial tells us nothing.
+                self.study.tell(trial, state=TrialState.FAIL)
+                last = err
+                continue
+            except Exception as err:  # noqa: BLE001 - e.g. with_knobs rejecting a value
+                self.study.tell(trial, state=TrialState.FAIL)
+                last = OperatorError(f"knob {knob}={value!r}: {err}", "contract")
+                continue
+            trial.set_user_attr("child_hash", intervention.child_hash)
+            trial.set_user_attr("parent_hash", parent.hash)
+            self._trials[intervention.child_hash] = trial.number
+            return intervention
+        assert last is not None
+        raise OperatorError(f"no new child after {self.max_attempts} attempts; last: {last.reason}", last.kind)
+
+    def tell(self, child_hash: str, fitness: float | None) -> None:
+        """Reports a child's fitness (higher is better); ``None`` marks it failed (e.g. it crashed)."""
+        if child_hash not in self._trials:
+            raise KeyError(f"no knob trial proposed child {child_hash[:12]}")
+        number = self._trials[child_hash]
+        if fitness is None:
+            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        else:
+            self.study.tell(number, float(fitness), skip_if_finished=True)
+
+    def pending(self) -> list[str]:
+        """Children proposed but not yet told."""
+        running = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        return [h for h, n in self._trials.items() if n in running]

@@ -1,0 +1,229 @@
+"""LLM clients for the mutation operators: any OpenAI-compatible server, or the local base model.
+
+Both count tokens and draw on an optional shared ``TokenBudget``; when the budget would be
+exceeded, ``complete`` raises ``BudgetExhausted`` *before* calling, so an experiment stops using
+LLMs cleanly and keeps searching with the other operators.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+Message = dict[str, str]   # {"role": "system"|"user"|"assistant", "content": "..."}
+
+
+class LLMError(RuntimeError):
+    """The LLM could not answer (server down after retries, bad request, ...)."""
+
+
+class BudgetExhausted(LLMError):
+    """The shared token/call budget would be exceeded by the next call."""
+
+
+@dataclass
+class Completion:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@runtime_checkable
+class LLMClient(Protocol):
+    def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7) -> Completion: ...
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count (~4 characters a token) for budgeting before a call and when a server
+    reports no usage."""
+    return max(1, len(text) // 4)
+
+
+class TokenBudget:
+    """Calls and tokens shared by every client of one experiment (thread-safe).
+
+    ``reserve`` is conservative: a call is refused if its estimated prompt plus its full
+    ``max_tokens`` completion could go over ``max_tokens``; ``charge`` then books the real usage.
+    """
+
+    def __init__(self, max_calls: int | None = None, max_tokens: int | None = None) -> None:
+        self.max_calls = max_calls
+        self.max_tokens = max_tokens
+        self.calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self._lock = threading.Lock()
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def reserve(self, prompt_estimate: int, max_new_tokens: int) -> None:
+        with self._lock:
+            if self.max_calls is not None and self.calls + 1 > self.max_calls:
+                raise BudgetExhausted(f"LLM call budget spent ({self.calls}/{self.max_calls} calls)")
+            if self.max_tokens is not None and self.tokens + prompt_estimate + max_new_tokens > self.max_tokens:
+                raise BudgetExhausted(
+                    f"LLM token budget would be exceeded ({self.tokens} used + up to "
+                    f"{prompt_estimate + max_new_tokens} > {self.max_tokens})"
+                )
+            self.calls += 1
+
+    def charge(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            self.prompt_tokens += prompt_tokens
+            self.completion_tokens += completion_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "max_calls": self.max_calls, "max_tokens": self.max_tokens}
+
+
+class _Accounting:
+    """Token totals per client plus the shared budget hooks."""
+
+    budget: TokenBudget | None
+
+    def _init_accounting(self, budget: TokenBudget | None) -> None:
+        self.budget = budget
+        self.calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def _before(self, messages: list[Message], max_tokens: int) -> None:
+        if self.budget is not None:
+            self.budget.reserve(sum(estimate_tokens(m.get("content", "")) for m in messages), max_tokens)
+
+    def _after(self, c: Completion) -> Completion:
+        self.calls += 1
+        self.prompt_tokens += c.prompt_tokens
+        self.completion_tokens += c.completion_tokens
+        if self.budget is not None:
+            self.budget.charge(c.prompt_tokens, c.completion_tokens)
+        return c
+
+
+class OpenAIClient(_Accounting):
+    """Chat completions from an OpenAI-compatible server (vLLM, llama.cpp, a hosted API).
+
+    Retries connection errors, timeouts, 429 and 5xx up to ``max_retries`` times with exponential
+    backoff (``backoff * 2**attempt`` seconds); other HTTP errors fail at once. Retries are ours,
+    not the openai package's, so that they are counted and their timing is under our control.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0,
+                 max_retries: int = 3, backoff: float = 1.0, budget: TokenBudget | None = None,
+                 extra_body: dict[str, Any] | None = None) -> None:
+        import openai
+
+        self._openai = openai
+        self.base_url = base_url
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.extra_body = extra_body
+        self.retries = 0
+        # Local servers need no key; the openai package insists on one, so pass a placeholder.
+        api_key = os.environ.get(api_key_env) or "EMPTY"
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
+        self._init_accounting(budget)
+
+    def _retryable(self, err: Exception) -> bool:
+        o = self._openai
+        if isinstance(err, (o.APIConnectionError, o.APITimeoutError)):   # includes timeouts
+            return True
+        if isinstance(err, o.APIStatusError):
+            return err.status_code == 429 or err.status_code >= 500
+        return False
+
+    def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7) -> Completion:
+        self._before(messages, max_tokens)
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self._client.chat.completions.create(
+                    model=self.model, messages=messages, max_tokens=max_tokens, temperature=temperature,
+                    **({"extra_body": self.extra_body} if self.extra_body else {}),
+                )
+                break
+            except self._openai.OpenAIError as err:
+                last = err
+                if not self._retryable(err) or attempt == self.max_retries:
+                    raise LLMError(f"LLM request to {self.base_url} failed: {type(err).__name__}: {err}") from err
+                self.retries += 1
+                time.sleep(self.backoff * 2 ** attempt)
+        else:  # pragma: no cover - the loop always breaks or raises
+            raise LLMError(f"LLM request failed: {last}")
+        if not response.choices:
+            raise LLMError("LLM server returned no choices")
+        text = response.choices[0].message.content or ""
+        usage = response.usage
+        prompt = usage.prompt_tokens if usage else sum(estimate_tokens(m["content"]) for m in messages)
+        completion = usage.completion_tokens if usage else estimate_tokens(text)
+        return self._after(Completion(text, int(prompt), int(completion)))
+
+
+class LocalClient(_Accounting):
+    """Generates with transformers on a local model (by default the embedded SmolLM2-135M-Instruct).
+
+    The model loads on first use. Greedy when ``temperature`` is 0 (or ``greedy=True``), sampled
+    otherwise; token counts are exact (tokenizer ids).
+    """
+
+    def __init__(self, spec: str = "smollm2-135m", dtype: str = "float32", device: str | None = None,
+                 greedy: bool = False, seed: int = 0, budget: TokenBudget | None = None,
+                 model: Any = None, tokenizer: Any = None) -> None:
+        self.spec = spec
+        self.dtype = dtype
+        self.device = device
+        self.greedy = greedy
+        self.seed = seed
+        self._model, self._tokenizer = model, tokenizer
+        self._init_accounting(budget)
+
+    def _load(self) -> tuple[Any, Any]:
+        if self._model is None:
+            from evotrainer.policy.base_model import load_base_model
+
+            self._model, self._tokenizer = load_base_model(self.spec, dtype=self.dtype, device=self.device)
+        return self._model, self._tokenizer
+
+    def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7) -> Completion:
+        import torch
+
+        self._before(messages, max_tokens)
+        model, tok = self._load()
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        input_ids = ids["input_ids"].to(model.device)
+        attention = ids["attention_mask"].to(model.device)
+        sample = temperature > 0 and not self.greedy
+        kwargs: dict[str, Any] = {"do_sample": sample, "max_new_tokens": max_tokens,
+                                  "pad_token_id": tok.pad_token_id or tok.eos_token_id}
+        if sample:
+            kwargs["temperature"] = temperature
+            torch.manual_seed(self.seed + self.calls)   # reproducible, but a new draw each call
+        else:
+            # Unset sampling defaults from the generation config so greedy decoding does not warn.
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        new = out[0, input_ids.shape[1]:]
+        text = tok.decode(new, skip_special_tokens=True)
+        return self._after(Completion(text, int(input_ids.shape[1]), int(new.shape[0])))
+
+
+def make_client(url: str | None = None, model: str | None = None, budget: TokenBudget | None = None,
+                **kwargs: Any) -> LLMClient:
+    """The operators' default client: an OpenAI-compatible server when a URL is given (or
+    ``EVOTRAINER_LLM_URL`` is set), else the local base model (``EVOTRAINER_LLM_MODEL`` or the
+    embedded one)."""
+    url = url or os.environ.get("EVOTRAINER_LLM_URL")
+    model = model or os.environ.get("EVOTRAINER_LLM_MODEL")
+    if url:
+        if not model:
+            raise ValueError("an LLM server URL needs a model name (--llm-model or EVOTRAINER_LLM_MODEL)")
+        return OpenAIClient(url, model, budget=budget, **kwargs)
+    return LocalClient(model or "smollm2-135m", budget=budget, **kwargs)

@@ -1,0 +1,162 @@
+"""Prompts of the LLM operators.
+
+Every prompt carries the harness contract, the parent genome, the health report (alerts first,
+most severe first), matching skills and recent history, and ends with the REQUIRED REPLY FORMAT
+that ``parsing`` reads. Sections are capped in length so that a small local model's context
+holds the whole prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from evotrainer.operators.base import Evidence
+
+SEVERITY_ORDER = {"critical": 0, "error": 1, "warning": 2, "info": 3}
+
+SYSTEM = (
+    "You are an expert reinforcement-learning engineer. You improve a training harness for an LLM policy "
+    "trained with GRPO-style RL. You change ONE factor at a time (one knob or one hook), state a falsifiable "
+    "hypothesis and the metric effect you expect, and follow the reply format exactly."
+)
+
+REPLY_HEADER = """HYPOTHESIS: <one sentence: if <change>, then <metric> moves, because <reason>>
+EXPECT: <metric> <op> <number>      (op is one of: < > <= >= delta< delta>; metric is a name from METRICS)
+FACTOR: <knob:NAME or hook:NAME>    (the one knob or hook you change)"""
+
+DIFF_FORMAT = REPLY_HEADER + """
+then one or more edit blocks; SEARCH text must be copied exactly from the harness:
+<<<<<<< SEARCH
+<lines copied exactly from the harness>
+=======
+<the new lines>
+>>>>>>> REPLACE
+
+Example reply:
+HYPOTHESIS: If groups whose rewards are all equal are dropped, fewer dead groups train, because they carry no advantage.
+EXPECT: dead_group_ratio < 0.3
+FACTOR: hook:keep_groups
+<<<<<<< SEARCH
+    return [True for _ in groups]
+=======
+    return [len(set(r["visible"].get("correct") for r in g)) > 1 for g in groups]
+>>>>>>> REPLACE"""
+
+REWRITE_FORMAT = REPLY_HEADER + """
+then ONE ```python code block holding the complete new definition of the hook `def {hook}(...)` with the
+same parameters, and nothing else in the block (no imports outside the function, no other functions)."""
+
+CROSSOVER_FORMAT = REPLY_HEADER + """
+TAKE: <the factor to copy from harness B, exactly as listed above>"""
+
+
+def contract_text() -> str:
+    """The harness contract, built from the genome package's own definitions so it cannot drift."""
+    from evotrainer.genome.contract import DEFAULT_ALLOWED_IMPORTS
+    from evotrainer.genome.program import HOOK_PARAMS
+
+    hooks = "\n".join(f"  def {name}({', '.join(params)})" for name, params in HOOK_PARAMS.items())
+    return (
+        "A harness is one Python module. KNOBS is a dict literal: name -> {'value': v, 'range': [lo, hi] "
+        "(optional 'log': True) or 'choices': [...]}. Hooks (plain functions, each called once per batch "
+        f"on plain JSON data):\n{hooks}\n"
+        "reward returns one float per rollout; keep_groups one bool per group; advantages one list of floats "
+        "per group; metrics a dict of floats; alerts and validity lists of dicts.\n"
+        f"Only these imports are allowed: {', '.join(DEFAULT_ALLOWED_IMPORTS)}. No file access, eval/exec, "
+        "dunder attributes. Only code between '# EVOLVE-BLOCK-START' and '# EVOLVE-BLOCK-END' may change."
+    )
+
+
+def _cap(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 20] + "\n... [truncated]"
+
+
+def health_text(evidence: Evidence, max_chars: int = 3000) -> str:
+    report = evidence.health_report or {}
+    alerts = sorted(evidence.alerts(), key=lambda a: SEVERITY_ORDER.get(str(a.get("severity", "info")), 9))
+    lines = ["ALERTS (most severe first):"]
+    lines += [f"- [{a.get('severity', '?')}] {a.get('name') or a.get('rule') or ''}: {a.get('message', '')}"
+              + (f" -> suggestion: {a['suggestion']}" if a.get("suggestion") else "") for a in alerts] or ["- none"]
+    metrics = report.get("metrics") or {}
+    lines.append("METRICS:")
+    lines += [f"- {k}: {_fmt(v)}" for k, v in metrics.items()] or ["- none reported"]
+    violations = report.get("validity") or report.get("violations") or []
+    if violations:
+        lines.append("VALIDITY VIOLATIONS:")
+        lines += [f"- {json.dumps(v, default=str)}" for v in violations]
+    return _cap("\n".join(lines), max_chars)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def skills_text(evidence: Evidence, max_chars: int = 1500) -> str:
+    if not evidence.skills:
+        return "none"
+    parts = []
+    for s in evidence.skills:
+        parts.append("- " + "; ".join(f"{k}: {s[k]}" for k in ("trigger", "intervention", "expected_outcome", "evidence")
+                                      if k in s) if isinstance(s, dict) else f"- {s}")
+    return _cap("\n".join(parts), max_chars)
+
+
+def history_text(evidence: Evidence, last: int = 5, max_chars: int = 1500) -> str:
+    if not evidence.history:
+        return "none"
+    parts = [f"- {json.dumps(h, default=str)}" for h in evidence.history[-last:]]
+    return _cap("\n".join(parts), max_chars)
+
+
+def _context(parent_source: str, evidence: Evidence, title: str = "HARNESS") -> str:
+    return (
+        f"## HARNESS CONTRACT\n{contract_text()}\n\n"
+        f"## HEALTH REPORT\n{health_text(evidence)}\n\n"
+        f"## MATCHING SKILLS\n{skills_text(evidence)}\n\n"
+        f"## RECENT HISTORY\n{history_text(evidence)}\n\n"
+        f"## {title}\n```python\n{parent_source}\n```\n"
+    )
+
+
+def _messages(user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def diff_messages(parent_source: str, evidence: Evidence) -> list[dict[str, str]]:
+    return _messages(
+        _context(parent_source, evidence)
+        + "\n## TASK\nPropose ONE change to one knob or one hook that addresses the most severe alert.\n\n"
+        f"## REQUIRED REPLY FORMAT\n{DIFF_FORMAT}\n"
+    )
+
+
+def rewrite_messages(parent_source: str, hook: str, evidence: Evidence) -> list[dict[str, str]]:
+    return _messages(
+        _context(parent_source, evidence)
+        + f"\n## TASK\nRewrite the hook `{hook}` to address the health report. Change nothing else.\n\n"
+        f"## REQUIRED REPLY FORMAT\n{REWRITE_FORMAT.format(hook=hook)}\nFACTOR must be hook:{hook}.\n"
+    )
+
+
+def crossover_messages(a_source: str, differences: dict[str, tuple[str, str]],
+                       evidence: Evidence) -> list[dict[str, str]]:
+    diffs = "\n\n".join(f"### {factor}\nA:\n{_cap(a, 1200)}\nB:\n{_cap(b, 1200)}"
+                        for factor, (a, b) in differences.items())
+    return _messages(
+        _context(a_source, evidence, title="HARNESS A")
+        + f"\n## FACTORS WHERE HARNESS B DIFFERS\n{diffs}\n\n"
+        "## TASK\nChoose the ONE factor of harness B that, copied into harness A, best addresses the health "
+        "report.\n\n"
+        f"## REQUIRED REPLY FORMAT\n{CROSSOVER_FORMAT}\nFACTOR and TAKE name the same factor.\n"
+    )
+
+
+def repair_messages(failed_source: str, failure: str, evidence: Evidence) -> list[dict[str, str]]:
+    return _messages(
+        _context(failed_source, evidence, title="BROKEN CHILD HARNESS")
+        + f"\n## ERROR\n{_cap(failure, 2000)}\n\n"
+        "## TASK\nThe child harness above failed with this error. Fix the error with the smallest edit, keeping "
+        "the child's intended change. Edit the BROKEN CHILD HARNESS (SEARCH text comes from it).\n\n"
+        f"## REQUIRED REPLY FORMAT\n{DIFF_FORMAT}\n"
+    )

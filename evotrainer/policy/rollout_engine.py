@@ -1,0 +1,157 @@
+"""Rollout engines: turn chat prompts into sampled completions with per-token sampler logprobs.
+
+``RolloutEngine`` is the interface callers use (the trainer, held-out verification, a multi-turn
+environment loop). ``TransformersEngine`` implements it with ``generate`` on any device; a vLLM
+engine implements the same ``generate`` signature, so callers do not change.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0          # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    completion_ids: list[int]          # up to and including the stop token; no padding
+    logprobs: list[float]              # sampler log p(token) under the processed distribution
+    text: str                          # decoded completion, special tokens removed
+    truncated: bool                    # ran out of max_new_tokens without a stop
+    stop_reason: str                   # "eos" | "stop_string" | "length"
+    gen_seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+
+class RolloutEngine(Protocol):
+    def generate(
+        self, prompts: Sequence[Messages], params: SamplingParams, adapter: str | None = None
+    ) -> list[Completion]:
+        """One completion per prompt, sampled with ``params`` under LoRA ``adapter`` (None = base)."""
+        ...
+
+
+class _RecordLogprobs(LogitsProcessor):
+    """Records the log-probability of each sampled token under the final processed distribution.
+
+    Placed last in the processor list, it sees the exact scores the sampler draws from. The token
+    drawn at step t is only known at step t+1 (it is the last column of ``input_ids``), so it keeps
+    one step of log-softmax and gathers lazily: memory O(batch × vocab), not O(batch × steps × vocab).
+    """
+
+    def __init__(self) -> None:
+        self.pending: torch.Tensor | None = None
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.collect(input_ids)
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def collect(self, input_ids: torch.LongTensor) -> None:
+        if self.pending is not None:
+            self.logprobs.append(self.pending.gather(1, input_ids[:, -1:]).squeeze(1))
+            self.pending = None
+
+
+class TransformersEngine:
+    """Batched sampling with ``generate``: left padding, chat template, stop strings, seeded.
+
+    ``policy`` is a :class:`evotrainer.policy.lora.Policy` (or anything with ``model``,
+    ``tokenizer`` and an ``adapter(name)`` context manager).
+    """
+
+    def __init__(self, policy, batch_size: int = 32) -> None:
+        self.policy = policy
+        self.batch_size = batch_size
+
+    @property
+    def tokenizer(self):
+        return self.policy.tokenizer
+
+    def encode(self, prompts: Sequence[Messages]) -> list[list[int]]:
+        return [
+            list(self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True,
+                                                    return_dict=True)["input_ids"])
+            for m in prompts
+        ]
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Messages], params: SamplingParams, adapter: str | None = None
+    ) -> list[Completion]:
+        encoded = self.encode(prompts)
+        out: list[Completion] = []
+        with self.policy.adapter(adapter):
+            for start in range(0, len(encoded), self.batch_size):
+                # Seed per batch from (seed, batch index): same seed and batch → same tokens.
+                torch.manual_seed(params.seed * 1_000_003 + start)
+                out.extend(self._generate_batch(encoded[start:start + self.batch_size], params))
+        return out
+
+    def _generate_batch(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+        tok, model = self.tokenizer, self.policy.model
+        pad = tok.pad_token_id
+        width = max(len(p) for p in prompt_ids)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=model.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=model.device)
+        recorder = _RecordLogprobs()
+        greedy = params.temperature <= 0
+        kwargs = dict(do_sample=False) if greedy else dict(
+            do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        t0 = time.perf_counter()
+        seqs = model.generate(
+            input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
+            logits_processor=LogitsProcessorList([recorder]), pad_token_id=pad, eos_token_id=tok.eos_token_id,
+            **kwargs,
+        )
+        recorder.collect(seqs)
+        seconds = time.perf_counter() - t0
+        new = seqs[:, width:].tolist()
+        logps = torch.stack(recorder.logprobs, dim=1).tolist() if recorder.logprobs else [[] for _ in new]
+        return [
+            self._finish(p, ids, lp, params, seconds / len(new)) for p, ids, lp in zip(prompt_ids, new, logps)
+        ]
+
+    def _finish(self, prompt: list[int], ids: list[int], logps: list[float], params: SamplingParams,
+                seconds: float) -> Completion:
+        """Cuts a padded completion at its stop (eos inclusive, or the end of a stop string)."""
+        tok = self.tokenizer
+        eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set(tok.eos_token_id or [])
+        end, reason = len(ids), "length"
+        for i, t in enumerate(ids):
+            if t in eos:
+                end, reason = i + 1, "eos"
+                break
+        if params.stop:
+            text = tok.decode(ids[:end], skip_special_tokens=True)
+            if any(s in text for s in params.stop):
+                # Smallest prefix whose text holds a stop string: where generation stopped.
+                for i in range(1, end + 1):
+                    if any(s in tok.decode(ids[:i], skip_special_tokens=True) for s in params.stop):
+                        end, reason = i, "stop_string"
+                        break
+        ids = ids[:end]
+        return Completion(
+            prompt_ids=prompt, completion_ids=ids, logprobs=logps[:end],
+            text=tok.decode(ids, skip_special_tokens=True), truncated=reason == "length",
+            stop_reason=reason, gen_seconds=seconds,
+        )

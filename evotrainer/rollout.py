@@ -1,0 +1,102 @@
+"""Rollout and Group: one trajectory, and the rollouts of one task in one step.
+
+A rollout is plain data, serialisable to one JSON line, so that it can be cached to disk per
+branch version and handed to a sandboxed harness. ``visible`` is the outcome training may see
+(the verifier's verdict on a train task: ``correct``, ``format_ok``, ``extracted``); ``hidden`` is
+held-out verification and is stripped (``for_harness``) before a harness sees a rollout in training.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+
+@dataclass
+class Rollout:
+    task_id: str
+    messages: list[dict[str, str]]          # the prompt as chat messages (and later turns)
+    completion: str                         # decoded completion text of the last turn
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)   # sampler log p of each completion token
+    truncated: bool = False                 # hit max_new_tokens without a stop
+    stop_reason: str = "eos"                # "eos" | "stop_string" | "length"
+    turns: int = 1
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    gen_seconds: float = 0.0
+    seed: int | None = None
+    group: int = 0                          # index of its group within the step
+    step: int = 0
+    split: str = "train"
+    visible: dict[str, Any] = field(default_factory=dict)
+    hidden: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.completion_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def for_harness(self) -> dict[str, Any]:
+        """The rollout as a harness sees it during training: no hidden outcome."""
+        d = asdict(self)
+        d.pop("hidden")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Rollout":
+        return cls(**d)
+
+
+@dataclass
+class Group:
+    """The rollouts of one task in one step (a GRPO group)."""
+
+    task_id: str
+    rollouts: list[Rollout]
+
+    def __len__(self) -> int:
+        return len(self.rollouts)
+
+
+def group_rollouts(rollouts: Iterable[Rollout]) -> list[Group]:
+    """Groups rollouts by (step, group index), in first-seen order."""
+    groups: dict[tuple[int, int], Group] = {}
+    for r in rollouts:
+        key = (r.step, r.group)
+        if key not in groups:
+            groups[key] = Group(r.task_id, [])
+        groups[key].rollouts.append(r)
+    return list(groups.values())
+
+
+def save_rollouts(path: str | Path, rollouts: Iterable[Rollout]) -> int:
+    """Appends rollouts as JSON lines; returns how many were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("a", encoding="utf-8") as f:
+        for r in rollouts:
+            f.write(json.dumps(r.to_dict()) + "\n")
+            n += 1
+    return n
+
+
+def load_rollouts(path: str | Path) -> list[Rollout]:
+    return list(iter_rollouts(path))
+
+
+def iter_rollouts(path: str | Path) -> Iterator[Rollout]:
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield Rollout.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: not a rollout record ({e})") from e

@@ -1,0 +1,16 @@
+import os
+
+import pytest
+
+# Tests never touch a hub; keep converted models in the user cache shared across runs.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """A tiny random model of SmolLM2's architecture with SmolLM2's tokenizer: (model, tokenizer)."""
+    from evotrainer.policy.base_model import load_base_model
+
+    return load_base_model("tiny-random", seed=0)
