@@ -33,6 +33,8 @@ class Rollout:
     split: str = "train"
     visible: dict[str, Any] = field(default_factory=dict)
     hidden: dict[str, Any] = field(default_factory=dict)
+    reward: float | None = None             # shaped reward given by the harness (train rollouts)
+    advantage: float | None = None          # advantage used in the update (None: group filtered out)
 
     @property
     def num_tokens(self) -> int:

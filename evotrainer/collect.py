@@ -1,0 +1,73 @@
+"""Collecting rollouts: sample groups for tasks with a rollout engine and verify them.
+
+The verdict of the domain's verifier goes to ``visible`` for train tasks (training may see it) and
+to ``hidden`` for held-out and test tasks: a harness never sees held-out verification.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+from evotrainer.domains.base import Domain
+from evotrainer.domains.task import Task
+from evotrainer.policy.rollout_engine import RolloutEngine, SamplingParams
+from evotrainer.rollout import Rollout
+
+SYSTEM_PROMPT = None  # the domain's prompt carries the instruction; keep the model's own system prompt
+
+
+def collect_groups(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], group_size: int,
+                   params: SamplingParams, adapter: str | None, step: int = 0) -> list[Rollout]:
+    """``group_size`` rollouts per task (one GRPO group each), verified by ``domain``."""
+    prompts = [t.messages(SYSTEM_PROMPT) for t in tasks for _ in range(group_size)]
+    completions = engine.generate(prompts, params, adapter=adapter)
+    expanded = [t for t in tasks for _ in range(group_size)]
+    verdicts = domain.verify_batch(expanded, [c.text for c in completions])
+    rollouts = []
+    for i, (task, c, verdict) in enumerate(zip(expanded, completions, verdicts)):
+        visible, hidden = (verdict, {}) if task.split == "train" else (
+            {"format_ok": verdict.get("format_ok", False)}, verdict)
+        rollouts.append(Rollout(
+            task_id=task.id, messages=prompts[i], completion=c.text, prompt_ids=c.prompt_ids,
+            completion_ids=c.completion_ids, logprobs=c.logprobs, truncated=c.truncated,
+            stop_reason=c.stop_reason, gen_seconds=c.gen_seconds, seed=params.seed, group=i // group_size,
+            step=step, split=task.split, visible=visible, hidden=hidden,
+        ))
+    return rollouts
+
+
+def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter: str | None,
+           max_new_tokens: int, temperature: float = 0.0, seeds: Sequence[int] = (0,)) -> list[Rollout]:
+    """Held-out verification: one rollout per task and seed, hidden outcome filled by the engine."""
+    out: list[Rollout] = []
+    for seed in seeds:
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+        out.extend(collect_groups(engine, domain, tasks, 1, params, adapter, step=-1))
+    return out
+
+
+def accuracy(rollouts: Sequence[Rollout]) -> float:
+    """Share of rollouts verified correct (hidden outcome for held-out, visible for train)."""
+    if not rollouts:
+        return 0.0
+    return sum(bool((r.hidden or r.visible).get("correct")) for r in rollouts) / len(rollouts)
+
+
+def per_task_scores(rollouts: Sequence[Rollout]) -> dict[str, list[float]]:
+    """task id -> correctness per seed: the input of paired statistics."""
+    scores: dict[str, list[float]] = {}
+    for r in rollouts:
+        scores.setdefault(r.task_id, []).append(float(bool((r.hidden or r.visible).get("correct"))))
+    return scores
+
+
+def sample_tasks(tasks: Sequence[Task], n: int, step: int, seed: int) -> list[Task]:
+    """A seeded, step-dependent batch of tasks (epochs reshuffle; no task twice in one batch)."""
+    if not tasks:
+        raise ValueError("no tasks to sample from")
+    n = min(n, len(tasks))
+    epoch, start = divmod(step * n, len(tasks))
+    order = list(tasks)
+    random.Random(seed * 9973 + epoch).shuffle(order)
+    return (order[start:] + order[:start])[:n]

@@ -1,0 +1,146 @@
+"""Experiment configuration: YAML files validated by pydantic.
+
+Every section forbids unknown fields, so a typo is an error that names the field and lists the
+allowed ones instead of being silently ignored. ``load_config`` turns pydantic's errors into one
+``ConfigError`` whose lines each name a field path, the problem and the allowed values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DomainConfig(_Section):
+    name: Literal["math"] = "math"
+    difficulty: int | list[int] = Field(default_factory=lambda: [1, 2], description="difficulty level(s) 1-5")
+    n_train: int | None = Field(256, ge=1)
+    n_heldout: int | None = Field(64, ge=1)
+    n_test: int | None = Field(64, ge=1)
+    seed: int = 0
+    leak_share: float = Field(0.0, ge=0.0, le=1.0, description="share of train prompts carrying a planted leak")
+    files: dict[Literal["train", "heldout", "test"], str] | None = Field(
+        None, description="user JSONL files (GSM8K or MATH format) by split")
+
+
+class LoraConfig(_Section):
+    r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class GRPOSection(_Section):
+    """Overrides of the harness's recipe knobs and trainer settings (TRL names)."""
+
+    learning_rate: float | None = Field(None, gt=0)
+    num_generations: int | None = Field(None, ge=2)
+    temperature: float | None = Field(None, gt=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_completion_length: int | None = Field(None, ge=1)
+    beta: float | None = Field(None, ge=0)
+    epsilon: float | None = Field(None, ge=0)
+    epsilon_high: float | None = Field(None, ge=0)
+    delta: float | None = Field(None, gt=1)
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] | None = None
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    mask_truncated_completions: bool | None = None
+    per_device_train_batch_size: int | None = Field(None, ge=1)
+    num_iterations: int | None = Field(None, ge=1)
+    max_grad_norm: float | None = Field(None, gt=0)
+
+
+class TrainConfig(_Section):
+    steps: int = Field(10, ge=0, description="optimisation steps")
+    prompts_per_step: int = Field(4, ge=1, description="tasks per step; each gets num_generations rollouts")
+    rollout_batch_size: int = Field(32, ge=1)
+    eval_max_new_tokens: int = Field(64, ge=1)
+    eval_temperature: float = Field(0.0, ge=0, description="0 = greedy held-out verification")
+    eval_seeds: list[int] = Field(default_factory=lambda: [0], description="sampling seeds of held-out verification")
+    eval_size: int | None = Field(None, ge=1, description="held-out tasks verified (None = all)")
+
+
+class Config(_Section):
+    model: str = Field("smollm2-135m", description="'smollm2-135m', 'tiny-random' or a local HF folder")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    run_dir: str = "runs/train"
+    harness: str | None = Field(None, description="harness genome file (None = the reference harness)")
+    sandbox: bool = Field(True, description="run harness hooks in a sandboxed subprocess")
+    domain: DomainConfig = Field(default_factory=DomainConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    grpo: GRPOSection = Field(default_factory=GRPOSection)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _allowed(model: type[BaseModel], loc: tuple) -> str:
+    """The allowed field names at ``loc`` (for unknown-field errors)."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return ""
+        model = field.annotation
+    return ", ".join(model.model_fields)
+
+
+def _describe(err: dict, root: type[BaseModel], source: str) -> str:
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{source}: unknown field '{path}'; allowed here: {_allowed(root, loc)}"
+    msg = err["msg"]
+    if err["type"] == "literal_error":
+        msg = f"{msg} (got {err.get('input')!r})"
+    return f"{source}: field '{path}': {msg}"
+
+
+def parse_config(data: dict[str, Any] | None, source: str = "config") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError("\n".join(_describe(err, Config, source) for err in e.errors())) from None
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return parse_config(data, str(path))
+
+
+def reference_doc() -> str:
+    """The config reference as Markdown (used to keep the README in step with the code)."""
+    lines = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = f.get_default(call_default_factory=True)
+            kind = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+            lines.append(f"| `{prefix}{name}` | {kind} | `{default!r}` | {f.description or ''} |")
+
+    walk(Config, "")
+    return "| field | type | default | meaning |\n|---|---|---|---|\n" + "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Config validation and `evotrainer train` end to end on the tiny model (real sandbox, real LoRA)."""
+
+import json
+
+import pytest
+import yaml
+
+from evotrainer.branch import VersionDir
+from evotrainer.cli import main
+from evotrainer.config import ConfigError, load_config, parse_config
+
+
+def test_unknown_field_names_field_and_allowed_values():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"grpo": {"loss_typ": "dapo"}}, "my.yaml")
+    msg = str(e.value)
+    assert "my.yaml" in msg and "grpo.loss_typ" in msg and "loss_type" in msg
+
+
+def test_wrong_choice_lists_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"grpo.loss_type.*'grpo', 'bnpo', 'dr_grpo' or 'dapo'.*'ppo'"):
+        parse_config({"grpo": {"loss_type": "ppo"}})
+
+
+def test_wrong_type_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="train.steps"):
+        parse_config({"train": {"steps": "many"}})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_examples_are_valid_configs():
+    load_config("examples/train_math.yaml")
+
+
+def test_train_command_end_to_end_on_tiny_model(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    cfg = {
+        "model": "tiny-random", "run_dir": str(run_dir),
+        "domain": {"difficulty": 2, "n_train": 12, "n_heldout": 4, "n_test": 4},
+        "grpo": {"max_completion_length": 6, "num_generations": 2, "learning_rate": 1e-3},
+        "train": {"steps": 2, "prompts_per_step": 2, "eval_max_new_tokens": 6},
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "held-out accuracy" in out and "dead_group_" in out
+    v = VersionDir(run_dir)
+    meta = v.meta()
+    assert meta.base_model == "tiny-random" and meta.genome_hash
+    assert 0.0 <= meta.metrics["heldout_accuracy"] <= 1.0
+    train = v.rollouts("train")
+    assert len(train) == 2 * 2 * 2  # steps × prompts × generations
+    assert all(r.reward is not None and r.visible and not r.hidden for r in train)
+    heldout = v.rollouts("heldout")
+    assert len(heldout) == 4 and all("correct" in r.hidden and "correct" not in r.visible for r in heldout)
+    steps = v.steps()
+    assert [s["step"] for s in steps] == [0, 1]
+    assert {"reward_mean", "dead_group_ratio", "grad_norm", "clip_ratio", "kl"} <= set(steps[0])
+    assert (v.adapter_dir / "adapter_config.json").is_file()
+    assert json.loads((run_dir / "config.json").read_text())["model"] == "tiny-random"
+
+
+def test_train_command_reports_config_errors(tmp_path, capsys):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("grpo: {loss_type: ppo}\n")
+    assert main(["train", str(path)]) == 2
+    assert "grpo.loss_type" in capsys.readouterr().out

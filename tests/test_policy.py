@@ -1,0 +1,134 @@
+"""Policy substrate on a tiny random model: rollout engine, LoRA branches, the GRPO trainer learning."""
+
+import contextlib
+
+import pytest
+import torch
+
+from evotrainer.policy.base_model import load_base_model
+from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer, group_advantages, per_token_logps
+from evotrainer.policy.lora import AdapterNotAppliedError, LoraSettings, Policy
+from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
+from evotrainer.rollout import Rollout
+
+PROMPTS = [[{"role": "user", "content": f"Count to {i}."}] for i in range(1, 6)]
+
+
+@pytest.fixture()
+def policy():
+    model, tok = load_base_model("tiny-random", seed=0, initializer_range=0.5)
+    pol = Policy(model, tok, LoraSettings(r=8, lora_alpha=16))
+    pol.create("b0")
+    return pol
+
+
+def _rollouts(outs, group_size):
+    return [Rollout(task_id=str(i // group_size), messages=[], completion=o.text, prompt_ids=o.prompt_ids,
+                    completion_ids=o.completion_ids, logprobs=o.logprobs, truncated=o.truncated)
+            for i, o in enumerate(outs)]
+
+
+def test_same_seed_same_tokens_and_other_seed_differs(policy):
+    eng = TransformersEngine(policy)
+    a = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, seed=7), adapter="b0")
+    b = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, seed=7), adapter="b0")
+    c = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, seed=8), adapter="b0")
+    assert [x.completion_ids for x in a] == [x.completion_ids for x in b]
+    assert [x.completion_ids for x in a] != [x.completion_ids for x in c]
+
+
+def test_sampler_logprobs_equal_a_training_forward_pass(policy):
+    """The stored sampler logprobs are what the trainer's ratio divides by: they must agree."""
+    eng = TransformersEngine(policy)
+    outs = eng.generate(PROMPTS, SamplingParams(temperature=0.8, max_new_tokens=10, seed=1), adapter="b0")
+    for o in outs:
+        ids = torch.tensor([o.prompt_ids + o.completion_ids])
+        with policy.adapter("b0") as m:
+            lp = per_token_logps(m, ids, torch.ones_like(ids), len(o.completion_ids), 0.8)[0]
+        assert torch.allclose(lp, torch.tensor(o.logprobs), atol=1e-4)
+        assert len(o.logprobs) == len(o.completion_ids)
+
+
+def test_left_padded_batch_matches_single_prompt_greedy(policy):
+    eng = TransformersEngine(policy)
+    batched = eng.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=8), adapter="b0")
+    alone = [eng.generate([p], SamplingParams(temperature=0, max_new_tokens=8), adapter="b0")[0] for p in PROMPTS]
+    assert [b.completion_ids for b in batched] == [a.completion_ids for a in alone]
+
+
+def test_truncation_and_stop_strings(policy):
+    eng = TransformersEngine(policy)
+    outs = eng.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=6), adapter="b0")
+    for o in outs:
+        assert o.truncated == (o.stop_reason == "length")
+        assert o.truncated or o.completion_ids[-1] == policy.tokenizer.eos_token_id
+    # Stop on the text of the first generated token: generation must cut right there.
+    first = policy.tokenizer.decode(outs[0].completion_ids[:2], skip_special_tokens=True).strip()
+    if first:
+        stopped = eng.generate(PROMPTS[:1], SamplingParams(temperature=0, max_new_tokens=6, stop=(first,)),
+                               adapter="b0")[0]
+        assert stopped.stop_reason == "stop_string" and not stopped.truncated
+        assert first in stopped.text and len(stopped.completion_ids) <= 2
+
+
+def test_fork_copies_and_training_child_leaves_parent(policy):
+    policy.fork("b0", "b1")
+    before = policy.probe_logprobs("b0").clone()
+    tr = GRPOTrainer(policy, "b1", GRPOConfig(learning_rate=5e-2, num_generations=2, max_completion_length=8))
+    outs = TransformersEngine(policy).generate(PROMPTS[:2] * 2, SamplingParams(max_new_tokens=8, seed=0), "b1")
+    tr.step(_rollouts(outs, 2), [1.0, -1.0, -1.0, 1.0])
+    assert torch.equal(policy.probe_logprobs("b0"), before)          # parent untouched
+    assert not torch.equal(policy.probe_logprobs("b1"), before)      # child moved
+    policy.check_adapter_applied("b1")
+
+
+def test_save_load_round_trip(policy, tmp_path):
+    tr = GRPOTrainer(policy, "b0", GRPOConfig(learning_rate=5e-2, num_generations=2, max_completion_length=8))
+    outs = TransformersEngine(policy).generate(PROMPTS[:2] * 2, SamplingParams(max_new_tokens=8, seed=0), "b0")
+    tr.step(_rollouts(outs, 2), [1.0, -1.0, -1.0, 1.0])
+    policy.save("b0", tmp_path / "adapter")
+    policy.load("b0copy", tmp_path / "adapter")
+    assert torch.allclose(policy.probe_logprobs("b0"), policy.probe_logprobs("b0copy"), atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        policy.load("nope", tmp_path / "missing")
+
+
+def test_adapter_applied_check_catches_rollouts_from_the_base_model(policy, monkeypatch):
+    with torch.no_grad():
+        for p in policy.parameters("b0"):
+            p.add_(torch.randn_like(p) * 0.5)
+    policy.check_adapter_applied("b0")  # applied: passes
+
+    real = policy.adapter
+
+    @contextlib.contextmanager
+    def buggy(name):  # the bug peers shipped: the adapter is selected but not applied
+        with real(None) as m:
+            yield m
+
+    monkeypatch.setattr(policy, "adapter", buggy)
+    with pytest.raises(AdapterNotAppliedError, match="not applied"):
+        policy.check_adapter_applied("b0")
+
+
+def test_trainer_learns_to_emit_a_target_token(policy):
+    """Sign and plumbing: reward = 1 when the completion contains a target token; it must rise."""
+    G = 8
+    eng = TransformersEngine(policy)
+    prompts = [[{"role": "user", "content": f"Say something {i}"}] for i in range(4)]
+    first = eng.generate([p for p in prompts for _ in range(G)], SamplingParams(max_new_tokens=8, seed=0), "b0")
+    counts: dict[int, int] = {}
+    for o in first:
+        for t in set(o.completion_ids):
+            counts[t] = counts.get(t, 0) + 1
+    target = max(counts, key=counts.get)
+    tr = GRPOTrainer(policy, "b0", GRPOConfig(learning_rate=1e-2, num_generations=G, max_completion_length=8))
+    means = []
+    for step in range(12):
+        outs = eng.generate([p for p in prompts for _ in range(G)], SamplingParams(max_new_tokens=8, seed=step + 1),
+                            "b0")
+        rewards = torch.tensor([float(target in o.completion_ids) for o in outs]).view(-1, G)
+        means.append(rewards.mean().item())
+        tr.step(_rollouts(outs, G), group_advantages(rewards, "group").flatten().tolist())
+    assert means[0] < 0.4, means
+    assert max(means[-4:]) >= 0.8, means
