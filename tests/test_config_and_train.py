@@ -71,3 +71,24 @@ def test_train_command_reports_config_errors(tmp_path, capsys):
     path.write_text("grpo: {loss_type: ppo}\n")
     assert main(["train", str(path)]) == 2
     assert "grpo.loss_type" in capsys.readouterr().out
+
+
+def test_readme_config_reference_covers_every_field():
+    """The README's config reference must grow with the code: every field path is documented."""
+    from pathlib import Path
+
+    from evotrainer.config import Config
+
+    readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+
+    def paths(model, prefix=""):
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                yield from paths(ann, f"{prefix}{name}.")
+            else:
+                yield prefix, name
+
+    missing = [f"{p}{n}" for p, n in paths(Config) if f"`{p}{n}`" not in readme and f"`{n}`" not in readme
+               and f"{p}{n}" not in readme]
+    assert not missing, f"README config reference lacks: {missing}"

@@ -97,3 +97,17 @@ def test_group_advantages_match_trl_scalings():
     b = group_advantages(r, "batch")
     assert torch.allclose(b[2], (r[2] - r[2].mean()) / (r.std() + 1e-4))
     assert torch.allclose(group_advantages(r, "none")[2], r[2] - 0.5)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_reference_harness_advantages_equal_the_trainers(scale):
+    """The reference harness's advantages hook is the same estimator as the TRL-checked one."""
+    from evotrainer.genome.harness import Harness
+    from evotrainer.genome.program import reference_program
+
+    rewards = [[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [0.2, 0.4, 0.6, 0.8]]
+    groups = [[{"task_id": str(i), "completion": "", "visible": {}} for _ in rs] for i, rs in enumerate(rewards)]
+    program = reference_program().with_knobs(scale_rewards=scale)
+    with Harness(program, sandbox=False) as h:
+        got = torch.tensor(h.advantages(groups, rewards))
+    assert torch.allclose(got, group_advantages(torch.tensor(rewards), scale), atol=1e-6)

@@ -40,8 +40,7 @@ def check_contract(
     if len(program.lines) > max_lines:
         raise ContractError(f"program has {len(program.lines)} lines; the limit is {max_lines}")
     tree = program.tree  # syntax errors surface here
-    program.evolve_blocks  # marker balance
-    program.knobs  # knob declarations
+    _ = program.evolve_blocks, program.knobs  # marker balance, knob declarations
     _check_hooks(tree)
     allowed = set(allowed_imports)
     for node in sorted(_walk(tree), key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0))):

@@ -57,13 +57,13 @@ def apply_search_replace(program: HarnessProgram, diff_text: str) -> HarnessProg
     for n, (search, replace) in enumerate(parse_search_replace(diff_text), 1):
         if not any(s.strip() for s in search):
             raise EditError(f"block {n}: SEARCH is empty")
-        if any(l.strip() in (EVOLVE_START, EVOLVE_END) for l in search + replace):
+        if any(line.strip() in (EVOLVE_START, EVOLVE_END) for line in search + replace):
             raise EditError(f"block {n}: edits must not add, move or remove EVOLVE-BLOCK markers")
         lines = current.lines
         # Trailing whitespace is not significant (LLMs drop it); indentation is.
         want = [s.rstrip() for s in search]
         k = len(want)
-        hits = [i for i in range(len(lines) - k + 1) if [l.rstrip() for l in lines[i : i + k]] == want]
+        hits = [i for i in range(len(lines) - k + 1) if [x.rstrip() for x in lines[i : i + k]] == want]
         if not hits:
             raise EditError(f"block {n}: SEARCH text not found (it must match whole lines exactly)")
         if len(hits) > 1:

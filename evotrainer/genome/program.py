@@ -53,7 +53,7 @@ class HarnessProgram:
     name: str = "harness.py"
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "HarnessProgram":
+    def from_file(cls, path: str | Path) -> HarnessProgram:
         path = Path(path)
         return cls(path.read_text(encoding="utf-8"), name=path.name)
 
@@ -97,7 +97,8 @@ class HarnessProgram:
     def knobs_node(self) -> ast.Dict | None:
         node = None
         for stmt in self.tree.body:
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+            targets = (stmt.targets if isinstance(stmt, ast.Assign)
+                       else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
             if any(isinstance(t, ast.Name) and t.id == "KNOBS" for t in targets):
                 if not isinstance(stmt.value, ast.Dict):
                     raise ContractError(f"line {stmt.lineno}: KNOBS must be a dict literal")
@@ -144,10 +145,10 @@ class HarnessProgram:
         return any(b.contains(first, last) for b in self.evolve_blocks)
 
     # ---- rewriting -----------------------------------------------------------------------
-    def with_source(self, source: str) -> "HarnessProgram":
+    def with_source(self, source: str) -> HarnessProgram:
         return HarnessProgram(source, name=self.name)
 
-    def with_knobs(self, **values: Any) -> "HarnessProgram":
+    def with_knobs(self, **values: Any) -> HarnessProgram:
         """A new program whose KNOBS literal has the given values; the rest of the text is kept."""
         knobs, node = self.knobs, self.knobs_node
         edits = []  # (start offset, end offset, new text)
@@ -166,7 +167,7 @@ class HarnessProgram:
     def _offset(self, lineno: int, col_bytes: int) -> int:
         """Character offset of an AST position (AST columns count UTF-8 bytes)."""
         lines = self.source.splitlines(keepends=True)
-        return sum(len(l) for l in lines[: lineno - 1]) + len(lines[lineno - 1].encode()[:col_bytes].decode())
+        return sum(len(x) for x in lines[: lineno - 1]) + len(lines[lineno - 1].encode()[:col_bytes].decode())
 
 
 REFERENCE_PATH = Path(__file__).with_name("reference_harness.py")

@@ -14,7 +14,7 @@ import math
 
 # EVOLVE-BLOCK-START
 KNOBS = {
-    "learning_rate": {"value": 2e-05, "range": [1e-06, 1e-03], "log": True},
+    "learning_rate": {"value": 1e-04, "range": [1e-06, 1e-03], "log": True},  # LoRA-sized step
     "num_generations": {"value": 4, "choices": [2, 4, 8]},
     "temperature": {"value": 1.0, "range": [0.3, 1.5]},
     "max_completion_length": {"value": 64, "choices": [32, 64, 128, 256]},
@@ -41,13 +41,21 @@ def _pstd(xs):
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
+def _sstd(xs):
+    """Sample standard deviation (n - 1): what GRPO advantages divide by, as in TRL."""
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
 def _percentile(xs, q):
     """Linear-interpolated percentile, q in [0, 100] (numpy's default method)."""
     xs = sorted(xs)
     if not xs:
         return 0.0
     pos = (len(xs) - 1) * q / 100.0
-    lo = int(math.floor(pos))
+    lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
@@ -75,13 +83,13 @@ def keep_groups(groups):
 
 # EVOLVE-BLOCK-START
 def advantages(groups, rewards):
-    """GRPO: (r - group mean) / (std + 1e-4), population std; the scale follows KNOBS."""
+    """GRPO: (r - group mean) / (std + 1e-4), sample std as in TRL; the scale follows KNOBS."""
     scale = KNOBS["scale_rewards"]["value"]
-    batch_std = _pstd([r for rs in rewards for r in rs])
+    batch_std = _sstd([r for rs in rewards for r in rs])
     out = []
     for rs in rewards:
         m = _mean(rs)
-        std = _pstd(rs) if scale == "group" else batch_std if scale == "batch" else None
+        std = _sstd(rs) if scale == "group" else batch_std if scale == "batch" else None
         out.append([(r - m) / (std + 1e-4) if std is not None else r - m for r in rs])
     return out
 # EVOLVE-BLOCK-END

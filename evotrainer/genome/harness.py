@@ -1,0 +1,121 @@
+"""Harness: the engine-side facade of one genome, the object the trainer and backtests call.
+
+``Harness(program)`` runs the hooks in a ``Sandbox`` (the default; required for any genome an
+operator wrote). ``sandbox=False`` runs them in-process, which is only for trusted programs such as
+the reference harness (benchmarks, fast tests). Either way missing hooks fall back to the reference
+harness and every result is validated. Inputs may be engine objects (``Rollout``, ``Task``,
+``Group``) or plain dicts; hidden outcomes are stripped before a harness sees them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .program import HOOKS, HarnessProgram, reference_program
+from .results import validate_result
+from .sandbox import Sandbox, SandboxLimits
+
+
+class Harness:
+    def __init__(self, program: HarnessProgram | None = None, sandbox: bool = True,
+                 limits: SandboxLimits | None = None, check: bool = True):
+        self.program = program or reference_program()
+        self.reference = reference_program()
+        self.sandbox = Sandbox(self.program, limits, check=check) if sandbox else None
+        self._hooks: dict[str, Any] | None = None
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.sandbox:
+            self.sandbox.close()
+
+    @property
+    def knobs(self) -> dict[str, dict[str, Any]]:
+        """Declared knobs: the reference recipe's, overridden and extended by the genome's."""
+        return {**self.reference.knobs, **self.program.knobs}
+
+    @property
+    def knob_values(self) -> dict[str, Any]:
+        return {name: spec["value"] for name, spec in self.knobs.items()}
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def reward(self, rollouts: Iterable, tasks: Iterable) -> list[float]:
+        return self.call("reward", _rollouts(rollouts), _tasks(tasks))
+
+    def keep_groups(self, groups: Iterable) -> list[bool]:
+        return self.call("keep_groups", _groups(groups))
+
+    def advantages(self, groups: Iterable, rewards: list[list[float]]) -> list[list[float]]:
+        return self.call("advantages", _groups(groups), [list(map(float, rs)) for rs in rewards])
+
+    def metrics(self, rollouts: Iterable, groups: Iterable) -> dict[str, float]:
+        memo: dict[int, dict] = {}  # one dict per rollout in both arguments: pickled once, shared
+        return self.call("metrics", _rollouts(rollouts, memo), _groups(groups, memo))
+
+    def alerts(self, metrics: dict[str, float], history: Iterable[dict] = ()) -> list[dict]:
+        return self.call("alerts", dict(metrics), list(history))
+
+    def validity(self, rollouts: Iterable, metrics: dict[str, float], history: Iterable[dict] = ()) -> list[dict]:
+        return self.call("validity", _rollouts(rollouts), dict(metrics), list(history))
+
+    def call(self, hook: str, *args: Any) -> Any:
+        if self.sandbox is not None:
+            return self.sandbox.call(hook, *args)
+        fn = self._in_process().get(hook)
+        return validate_result(hook, fn(*args), args)
+
+    def _in_process(self) -> dict[str, Any]:
+        if self._hooks is None:  # trusted code only: see the module docstring
+            ref: dict[str, Any] = {"__name__": "reference_harness"}
+            exec(compile(self.reference.source, "reference_harness.py", "exec"), ref)
+            own: dict[str, Any] = {"__name__": "harness"}
+            exec(compile(self.program.source, self.program.name, "exec"), own)
+            ref["KNOBS"] = {**ref["KNOBS"], **own.get("KNOBS", {})}  # fallback hooks follow the genome's knobs
+            self._hooks = {h: own[h] if callable(own.get(h)) else ref[h] for h in HOOKS}
+        return self._hooks
+
+
+def _rollout(r: Any) -> dict:
+    # A shallow dict, not Rollout.for_harness(): that deep-copies (dataclasses.asdict) and costs
+    # more than the sandbox round trip itself. The sandbox copies the data anyway (pickling).
+    if hasattr(r, "for_harness"):
+        d = dict(vars(r))  # also carries attributes the engine set, e.g. reward and advantage
+        d.pop("hidden", None)  # never hand hidden verification to a harness
+        return d
+    return {k: v for k, v in r.items() if k != "hidden"} if "hidden" in r else r
+
+
+def _rollouts(rollouts: Iterable, memo: dict[int, dict] | None = None) -> list[dict]:
+    if memo is None:
+        return [_rollout(r) for r in rollouts]
+    out = []
+    for r in rollouts:
+        if id(r) not in memo:
+            memo[id(r)] = _rollout(r)
+        out.append(memo[id(r)])
+    return out
+
+
+def _groups(groups: Iterable, memo: dict[int, dict] | None = None) -> list[list[dict]]:
+    return [_rollouts(g.rollouts if hasattr(g, "rollouts") else g, memo) for g in groups]
+
+
+def _tasks(tasks: Iterable) -> list[dict]:
+    """Task dicts without hidden data; a task repeated across its group is converted once (and,
+    being one object, pickled once)."""
+    seen: dict[int, dict] = {}
+    out = []
+    for t in tasks:
+        if id(t) not in seen:
+            if hasattr(t, "to_dict"):
+                seen[id(t)] = t.to_dict(include_hidden=False)
+            else:
+                seen[id(t)] = {k: v for k, v in t.items() if k not in ("hidden", "answer")}
+        out.append(seen[id(t)])
+    return out
