@@ -8,11 +8,27 @@ Built-ins: ``llm_diff``, ``llm_rewrite``, ``llm_crossover``, ``llm_repair`` (LLM
 from evotrainer.operators.base import REJECTION_KINDS, Evidence, Operator, OperatorError, make_intervention
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
 from evotrainer.operators.registry import (
-    OperatorMix, OperatorStats, available_operators, get_operator, register_operator, run_operator,
+    OperatorMix,
+    OperatorStats,
+    available_operators,
+    get_operator,
+    register_operator,
+    run_operator,
 )
 
 __all__ = [
-    "Evidence", "ExpectedEffect", "FITNESS_METRIC", "Intervention", "Operator", "OperatorError", "OperatorMix",
-    "OperatorStats", "REJECTION_KINDS", "available_operators", "get_operator", "make_intervention",
-    "register_operator", "run_operator",
+    "FITNESS_METRIC",
+    "REJECTION_KINDS",
+    "Evidence",
+    "ExpectedEffect",
+    "Intervention",
+    "Operator",
+    "OperatorError",
+    "OperatorMix",
+    "OperatorStats",
+    "available_operators",
+    "get_operator",
+    "make_intervention",
+    "register_operator",
+    "run_operator",
 ]

@@ -43,7 +43,7 @@ class OperatorError(Exception):
                  prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
         super().__init__(f"[{kind}] {reason}")
         self.reason = reason
-        self.kind = kind if kind in REJECTION_KINDS else "input"
+        self.kind = kind   # one of REJECTION_KINDS for built-ins; a user operator may add its own
         self.child_source = child_source
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
@@ -75,31 +75,34 @@ class Evidence:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Evidence":
+    def from_dict(cls, d: dict[str, Any]) -> Evidence:
         """Evidence from a JSON file: either a bare health report or ``{"health_report": ...}``."""
         if "health_report" not in d and not {"skills", "history", "known_hashes"} & d.keys():
             return cls(health_report=d)
         return cls(health_report=d.get("health_report") or {}, skills=list(d.get("skills") or []),
                    history=list(d.get("history") or []), known_hashes=set(d.get("known_hashes") or []),
-                   allow_multi_factor=bool(d.get("allow_multi_factor", False)))
+                   allow_multi_factor=bool(d.get("allow_multi_factor", False)),
+                   failed_source=d.get("failed_source"), failure=d.get("failure"))
 
 
 @runtime_checkable
 class Operator(Protocol):
-    name: str
+    name: str   # the registered name; an operator may also set ``n_parents = 2`` (crossovers)
 
-    def propose(self, parents: list["HarnessProgram"], evidence: Evidence) -> Intervention: ...
+    def propose(self, parents: list[HarnessProgram], evidence: Evidence) -> Intervention: ...
 
 
 def make_intervention(
-    operator: str, parents: list["HarnessProgram"], child: "HarnessProgram", evidence: Evidence, *,
+    operator: str, parents: list[HarnessProgram], child: HarnessProgram, evidence: Evidence, *,
     hypothesis: str, expected_effect: ExpectedEffect | None, prompt_tokens: int = 0, completion_tokens: int = 0,
-    details: dict[str, Any] | None = None, check_contract: bool = True,
+    details: dict[str, Any] | None = None, check_contract: bool = True, factors: list[str] | None = None,
 ) -> Intervention:
     """Checks ``child`` against the acceptance rules and wraps it as an Intervention.
 
     The single-factor rule is judged against the first parent: a crossover child is its first
-    parent with one factor taken from the second.
+    parent with one factor taken from the second. ``factors`` may be passed by an operator that
+    knows them by construction (``with_knobs`` changes one value literal), which skips the AST
+    comparison of every hook.
     """
     from evotrainer.genome.edits import factors_changed
     from evotrainer.genome.errors import ContractError
@@ -109,7 +112,7 @@ def make_intervention(
     try:
         # Both need the child's syntax tree: a child that does not parse fails the contract here.
         child_hash = child.hash
-        factors = list(factors_changed(base, child))
+        factors = list(factors) if factors is not None else list(factors_changed(base, child))
     except ContractError as err:
         raise OperatorError(f"contract check failed: {err}", "contract", child_source=child.source,
                             **tokens) from err
@@ -124,13 +127,7 @@ def make_intervention(
         raise OperatorError(f"the child changes {len(factors)} factors ({', '.join(factors)}); "
                             "one per child", "single_factor", child_source=child.source, **tokens)
     if check_contract:
-        from evotrainer.genome.contract import check_contract as _check
-
-        try:
-            _check(child)
-        except ContractError as err:
-            raise OperatorError(f"contract check failed: {err}", "contract", child_source=child.source,
-                                **tokens) from err
+        _check_contract_and_load(child, tokens)
     return Intervention(
         operator=operator, parent_hashes=[p.hash for p in parents], child_source=child.source,
         child_hash=child.hash, diff=unified_diff(base.source, child.source, base.hash[:12], child.hash[:12]),
@@ -138,3 +135,24 @@ def make_intervention(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, evidence=evidence.summary(),
         details=dict(details or {}),
     )
+
+
+def _check_contract_and_load(child: HarnessProgram, tokens: dict[str, int]) -> None:
+    """The static contract check, then loading the child in the sandbox (its module-level code
+    runs there, never here): what the engine requires before it accepts a genome."""
+    from evotrainer.genome.contract import check_contract
+    from evotrainer.genome.errors import ContractError
+    from evotrainer.genome.sandbox import Sandbox, SandboxError
+
+    try:
+        check_contract(child)
+    except ContractError as err:
+        raise OperatorError(f"contract check failed: {err}", "contract", child_source=child.source,
+                            **tokens) from err
+    try:
+        with Sandbox(child, check=False):   # entering starts the worker, which loads the harness
+            pass
+    except SandboxError as err:
+        kind = "contract" if err.failure.kind == "contract" else "sandbox"
+        raise OperatorError(f"the child does not load in the sandbox: {err.failure}", kind,
+                            child_source=child.source, **tokens) from err

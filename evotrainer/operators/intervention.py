@@ -63,7 +63,7 @@ class ExpectedEffect:
         return {"metric": self.metric, "op": self.op, "value": self.value}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ExpectedEffect":
+    def from_dict(cls, d: dict[str, Any]) -> ExpectedEffect:
         return cls(metric=str(d["metric"]), op=str(d["op"]), value=float(d["value"]))
 
 
@@ -119,7 +119,7 @@ class Intervention:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Intervention":
+    def from_dict(cls, d: dict[str, Any]) -> Intervention:
         d = dict(d)
         effect = d.get("expected_effect")
         d["expected_effect"] = ExpectedEffect.from_dict(effect) if effect else None

@@ -65,6 +65,7 @@ class KnobOperator:
         self.rng = random.Random(seed)
         self.only = list(knobs) if knobs else None     # restrict tuning to these knobs
         self.max_attempts = max_attempts
+        self.n_startup_trials = n_startup_trials
         self.study = optuna.create_study(
             storage=storage, study_name=study_name if storage else None, direction="maximize",
             sampler=make_sampler(sampler, seed, n_startup_trials), load_if_exists=True,
@@ -123,11 +124,10 @@ class KnobOperator:
                 child = parent.with_knobs(**{knob: value})
                 intervention = make_intervention(
                     self.name, parents[:1], child, evidence,
-                    hypothesis=f"If {knob} changes from {spec['value']!r} to {value!r}, held-out score rises, "
-                               "because the sampler's model of earlier children ranks this value higher.",
+                    hypothesis=self._hypothesis(knob, spec["value"], value),
                     expected_effect=ExpectedEffect(FITNESS_METRIC, "delta>", 0.0),
                     details={"knob": knob, "old": spec["value"], "new": value, "trial": trial.number},
-                    check_contract=False,   # only a literal changed, and with_knobs validated it
+                    check_contract=False, factors=[f"knob:{knob}"],   # with_knobs changed one validated literal
                 )
             except OperatorError as err:
                 # A repeat of a known genome (or an unchanged value): this trial tells us nothing.
@@ -144,6 +144,12 @@ class KnobOperator:
             return intervention
         assert last is not None
         raise OperatorError(f"no new child after {self.max_attempts} attempts; last: {last.reason}", last.kind)
+
+    def _hypothesis(self, knob: str, old: Any, new: Any) -> str:
+        told = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        why = (f"TPE's model of {told} scored children favours this value" if told >= self.n_startup_trials
+               else "it is an untried value of the knob's range (exploration before the model has data)")
+        return f"If {knob} changes from {old!r} to {new!r}, held-out score rises, because {why}."
 
     def tell(self, child_hash: str, fitness: float | None) -> None:
         """Reports a child's fitness (higher is better); ``None`` marks it failed (e.g. it crashed)."""

@@ -9,14 +9,19 @@ wrong, a reply that does not parse, an edit that does not apply, a spent budget,
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from evotrainer.operators import prompts
 from evotrainer.operators.base import Evidence, OperatorError, make_intervention
-from evotrainer.operators.intervention import Intervention
+from evotrainer.operators.intervention import FITNESS_METRIC, Intervention
 from evotrainer.operators.llm_client import BudgetExhausted, Completion, LLMClient, LLMError, make_client
 from evotrainer.operators.parsing import (
-    ParsedReply, ReplyParseError, parse_crossover_reply, parse_diff_reply, parse_rewrite_reply,
+    ParsedReply,
+    ReplyParseError,
+    parse_crossover_reply,
+    parse_diff_reply,
+    parse_rewrite_reply,
 )
 
 
@@ -59,7 +64,8 @@ class LLMOperator:
             raise OperatorError(f"reply does not parse: {err.reason}", "parse", **self._tokens(c)) from err
         metrics = (evidence.health_report or {}).get("metrics") or {}
         metric = reply.expected_effect.metric
-        if self.check_known_metrics and metrics and metric not in metrics and reply.factor != "hook:metrics":
+        known = metric in metrics or metric == FITNESS_METRIC    # the engine always measures fitness
+        if self.check_known_metrics and metrics and not known and reply.factor != "hook:metrics":
             raise OperatorError(f"EXPECT names metric {metric!r}, which the health report does not measure "
                                 f"(known: {', '.join(sorted(metrics))})", "parse", **self._tokens(c))
         return reply
@@ -107,6 +113,17 @@ class LLMDiffOperator(LLMOperator):
         return self._accept(parents[:1], child, evidence, reply, c)
 
 
+# Words in an alert that point at a hook (checked in this order: the reward is the usual suspect).
+HOOK_WORDS = {
+    "reward": ("reward",),
+    "keep_groups": ("keep_groups", "filter"),
+    "advantages": ("advantage",),
+    "validity": ("validity", "hack", "leak"),
+    "alerts": ("alert", "rule"),
+    "metrics": ("metric",),
+}
+
+
 class LLMRewriteOperator(LLMOperator):
     """The LLM writes one complete hook function; by default the hook the alerts point at."""
 
@@ -118,16 +135,18 @@ class LLMRewriteOperator(LLMOperator):
         self.rng = random.Random(seed)
 
     def choose_hook(self, parent: Any, evidence: Evidence) -> str:
-        from evotrainer.genome.program import HOOKS
-
+        """The fixed hook if one was given; else the hook the most severe alert's text points at;
+        else one of the training-side hooks at random."""
         if self.hook:
             return self.hook
-        text = " ".join(f"{a.get('name', '')} {a.get('suggestion', '')}" for a in evidence.alerts()).lower()
-        mentioned = [h for h in HOOKS if h in text or h.replace("_", " ") in text]
-        if mentioned:
-            return mentioned[0]
-        # No alert names a hook: the training-side hooks of the parent, chosen at random.
-        return self.rng.choice([h for h in ("reward", "keep_groups", "advantages") if h in parent.hooks] or list(HOOKS))
+        alerts = sorted(evidence.alerts(), key=lambda a: prompts.SEVERITY_ORDER.get(str(a.get("severity")), 9))
+        for alert in alerts:
+            text = f"{alert.get('name', '')} {alert.get('message', '')} {alert.get('suggestion', '')}".lower()
+            for hook, words in HOOK_WORDS.items():
+                if any(w in text for w in words):
+                    return hook
+        return self.rng.choice([h for h in ("reward", "keep_groups", "advantages") if h in parent.hooks]
+                               or list(HOOK_WORDS))
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
         from evotrainer.genome.edits import rewrite_hook
@@ -144,6 +163,7 @@ class LLMCrossoverOperator(LLMOperator):
     """Two parents: the LLM picks which differing factor of parent B to copy into parent A."""
 
     name = "llm_crossover"
+    n_parents = 2
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
         from evotrainer.genome.edits import crossover, factors_changed

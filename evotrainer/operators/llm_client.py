@@ -170,17 +170,20 @@ class LocalClient(_Accounting):
     """Generates with transformers on a local model (by default the embedded SmolLM2-135M-Instruct).
 
     The model loads on first use. Greedy when ``temperature`` is 0 (or ``greedy=True``), sampled
-    otherwise; token counts are exact (tokenizer ids).
+    otherwise; token counts are exact (tokenizer ids). ``threads`` sets torch's CPU threads while
+    generating (restored afterwards): on a busy CPU, one thread avoids the oversubscription that
+    makes multi-threaded decoding many times slower.
     """
 
     def __init__(self, spec: str = "smollm2-135m", dtype: str = "float32", device: str | None = None,
                  greedy: bool = False, seed: int = 0, budget: TokenBudget | None = None,
-                 model: Any = None, tokenizer: Any = None) -> None:
+                 model: Any = None, tokenizer: Any = None, threads: int | None = None) -> None:
         self.spec = spec
         self.dtype = dtype
         self.device = device
         self.greedy = greedy
         self.seed = seed
+        self.threads = threads
         self._model, self._tokenizer = model, tokenizer
         self._init_accounting(budget)
 
@@ -208,8 +211,14 @@ class LocalClient(_Accounting):
         else:
             # Unset sampling defaults from the generation config so greedy decoding does not warn.
             kwargs.update(temperature=None, top_p=None, top_k=None)
-        with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        previous = torch.get_num_threads()
+        try:
+            if self.threads:
+                torch.set_num_threads(self.threads)
+            with torch.no_grad():
+                out = model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        finally:
+            torch.set_num_threads(previous)
         new = out[0, input_ids.shape[1]:]
         text = tok.decode(new, skip_special_tokens=True)
         return self._after(Completion(text, int(input_ids.shape[1]), int(new.shape[0])))

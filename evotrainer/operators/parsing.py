@@ -81,8 +81,9 @@ def parse_factor(value: str) -> str:
     return f"{m.group('kind').lower()}:{m.group('name')}"
 
 
-def parse_header(text: str) -> ParsedReply:
-    """The hypothesis, expected effect and factor every reply must state."""
+def parse_header(text: str, require_factor: bool = True) -> ParsedReply:
+    """The hypothesis, expected effect and factor every reply must state (a rewrite or crossover
+    reply names its factor elsewhere, so it may leave the FACTOR line out)."""
     if not text or not text.strip():
         raise ReplyParseError("empty reply")
     hypothesis = _header(text, "HYPOTHESIS")
@@ -93,6 +94,8 @@ def parse_header(text: str) -> ParsedReply:
         raise ReplyParseError("no 'EXPECT: <metric> <op> <value>' line")
     effect = parse_expected_effect(expect)
     factor_line = _header(text, "FACTOR")
+    if not factor_line and require_factor:
+        raise ReplyParseError("no 'FACTOR: knob:NAME | hook:NAME' line")
     factor = parse_factor(factor_line) if factor_line else None
     return ParsedReply(hypothesis=hypothesis, expected_effect=effect, factor=factor)
 
@@ -184,7 +187,7 @@ def extract_function(text: str, name: str) -> str:
 
 
 def parse_rewrite_reply(text: str, hook: str) -> ParsedReply:
-    reply = parse_header(text)
+    reply = parse_header(text, require_factor=False)
     if reply.factor is not None and reply.factor != f"hook:{hook}":
         raise ReplyParseError(f"asked to rewrite hook:{hook} but the reply says FACTOR: {reply.factor}")
     reply.factor = f"hook:{hook}"
@@ -193,7 +196,7 @@ def parse_rewrite_reply(text: str, hook: str) -> ParsedReply:
 
 
 def parse_crossover_reply(text: str, choices: list[str]) -> ParsedReply:
-    reply = parse_header(text)
+    reply = parse_header(text, require_factor=False)
     take = _header(text, "TAKE") or (f"{reply.factor}" if reply.factor else None)
     if not take:
         raise ReplyParseError("no 'TAKE: <factor>' line")

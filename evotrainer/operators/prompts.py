@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from evotrainer.operators.base import Evidence
+from evotrainer.operators.intervention import FITNESS_METRIC
 
 SEVERITY_ORDER = {"critical": 0, "error": 1, "warning": 2, "info": 3}
 
@@ -21,8 +22,8 @@ SYSTEM = (
     "hypothesis and the metric effect you expect, and follow the reply format exactly."
 )
 
-REPLY_HEADER = """HYPOTHESIS: <one sentence: if <change>, then <metric> moves, because <reason>>
-EXPECT: <metric> <op> <number>      (op is one of: < > <= >= delta< delta>; metric is a name from METRICS)
+REPLY_HEADER = f"""HYPOTHESIS: <one sentence: if <change>, then <metric> moves, because <reason>>
+EXPECT: <metric> <op> <number>      (op: < > <= >= delta< delta>; metric: a name from METRICS, or {FITNESS_METRIC})
 FACTOR: <knob:NAME or hook:NAME>    (the one knob or hook you change)"""
 
 DIFF_FORMAT = REPLY_HEADER + """

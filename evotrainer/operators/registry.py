@@ -6,13 +6,15 @@ rejections by kind, tokens) and drops an operator from the draw once its LLM bud
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any
 
 from evotrainer.operators.base import Evidence, Operator, OperatorError
 from evotrainer.operators.intervention import Intervention
@@ -142,11 +144,12 @@ class OperatorMix:
     """Draws operators by weight (seeded) and keeps their statistics.
 
     ``shared`` kwargs (an LLM client, a seed) go to each operator that accepts them;
-    ``kwargs_by_name`` gives per-operator constructor arguments.
+    ``kwargs_by_name`` gives per-operator constructor arguments. With ``repair=True``, a child that
+    was built but failed the contract is handed once to ``llm_repair`` with the error text.
     """
 
     def __init__(self, weights: dict[str, float], seed: int = 0, shared: dict[str, Any] | None = None,
-                 kwargs_by_name: dict[str, dict[str, Any]] | None = None) -> None:
+                 kwargs_by_name: dict[str, dict[str, Any]] | None = None, repair: bool = False) -> None:
         unknown = [n for n in weights if n not in available_operators()]
         if unknown:
             raise KeyError(f"unknown operator(s) {', '.join(unknown)}; known operators: "
@@ -157,6 +160,7 @@ class OperatorMix:
         self.rng = random.Random(seed)
         self.shared = dict(shared or {})
         self.kwargs_by_name = dict(kwargs_by_name or {})
+        self.repair = repair
         self.stats: dict[str, OperatorStats] = {n: OperatorStats() for n in weights}
         self._instances: dict[str, Operator] = {}
 
@@ -167,9 +171,10 @@ class OperatorMix:
         return self._instances[name]
 
     def choose_name(self, n_parents: int | None = None) -> str:
-        """An operator name drawn by weight; with ``n_parents == 1``, two-parent operators are left out."""
+        """An operator name drawn by weight, among those that can work on ``n_parents`` parents
+        (an operator declares how many it needs with an ``n_parents`` attribute; default 1)."""
         names = [n for n, w in self.weights.items() if w > 0
-                 and not (n_parents == 1 and n in ("crossover", "llm_crossover"))]
+                 and (n_parents is None or getattr(self.operator(n), "n_parents", 1) <= n_parents)]
         if not names:
             raise OperatorError("no operator left to draw (all weights zero or budgets spent)", "budget")
         return self.rng.choices(names, weights=[self.weights[n] for n in names])[0]
@@ -187,12 +192,21 @@ class OperatorMix:
                 return run_operator(self.operator(name), parents, evidence, self.stats, name=name)
             except OperatorError as err:
                 last = err
+                if self.repair and err.child_source and err.kind in ("contract", "sandbox"):
+                    try:
+                        return self._repair(parents, evidence, err)
+                    except OperatorError as repair_err:
+                        last = repair_err
                 if err.kind == "budget":
                     self.weights[name] = 0.0
                     if not any(w > 0 for w in self.weights.values()):
                         raise
         assert last is not None
         raise last
+
+    def _repair(self, parents: list, evidence: Evidence, err: OperatorError) -> Intervention:
+        broken = dataclasses.replace(evidence, failed_source=err.child_source, failure=err.reason)
+        return run_operator(self.operator("llm_repair"), parents[:1], broken, self.stats, name="llm_repair")
 
     def stats_dict(self) -> dict[str, dict[str, Any]]:
         return {name: s.to_dict() for name, s in self.stats.items()}

@@ -16,6 +16,7 @@ from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, In
 
 class CrossoverOperator:
     name = "crossover"
+    n_parents = 2
 
     def __init__(self, seed: int = 0, factor: str | None = None) -> None:
         self.rng = random.Random(seed)

@@ -1,0 +1,204 @@
+"""OpenAIClient against a chat-completions server started in the test on 127.0.0.1; TokenBudget."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from evotrainer.operators.llm_client import (
+    BudgetExhausted,
+    Completion,
+    LLMError,
+    OpenAIClient,
+    TokenBudget,
+    make_client,
+)
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "say ok"}]
+
+
+class ChatServer:
+    """Answers POST /v1/chat/completions from a script of steps: ("ok", text), ("status", code) or
+    ("sleep", seconds). The last step repeats. Records every request body."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.requests = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append({"path": self.path, "body": body})
+                kind, arg = server.script.pop(0) if len(server.script) > 1 else server.script[0]
+                if kind == "sleep":
+                    time.sleep(arg)
+                    kind, arg = "ok", "late"
+                if kind == "status":
+                    self._send(arg, {"error": {"message": f"status {arg}", "type": "server_error"}})
+                    return
+                self._send(200, {
+                    "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": arg}}],
+                    "usage": {"prompt_tokens": 21, "completion_tokens": 4, "total_tokens": 25},
+                })
+
+            def _send(self, code, payload):
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def client(url, **kw):
+    kw = {"timeout": 5.0, "max_retries": 2, "backoff": 0.01, **kw}
+    return OpenAIClient(url, "test-model", **kw)
+
+
+def test_completion_and_token_accounting():
+    with ChatServer([("ok", "ok!")]) as srv:
+        budget = TokenBudget(max_calls=10)
+        c = client(srv.url, budget=budget)
+        out = c.complete(MESSAGES, max_tokens=32, temperature=0.0)
+    assert out == Completion("ok!", 21, 4)
+    req = srv.requests[0]
+    assert req["path"] == "/v1/chat/completions"
+    assert req["body"]["model"] == "test-model" and req["body"]["messages"] == MESSAGES
+    assert req["body"]["max_tokens"] == 32 and req["body"]["temperature"] == 0.0
+    assert (c.calls, c.prompt_tokens, c.completion_tokens) == (1, 21, 4)
+    assert budget.to_dict()["calls"] == 1 and budget.tokens == 25
+
+
+@pytest.mark.parametrize("code", [500, 503, 429])
+def test_retries_transient_errors_then_succeeds(code):
+    with ChatServer([("status", code), ("status", code), ("ok", "fine")]) as srv:
+        c = client(srv.url)
+        assert c.complete(MESSAGES).text == "fine"
+    assert len(srv.requests) == 3 and c.retries == 2
+
+
+def test_gives_up_after_max_retries():
+    with ChatServer([("status", 500)]) as srv, pytest.raises(LLMError, match="InternalServerError"):
+        client(srv.url, max_retries=1).complete(MESSAGES)
+    assert len(srv.requests) == 2
+
+
+def test_client_errors_are_not_retried():
+    with ChatServer([("status", 400)]) as srv, pytest.raises(LLMError, match="BadRequestError"):
+        client(srv.url).complete(MESSAGES)
+    assert len(srv.requests) == 1
+
+
+def test_timeout_is_retried_then_reported():
+    with ChatServer([("sleep", 1.5)]) as srv:
+        t0 = time.monotonic()
+        with pytest.raises(LLMError, match="Timeout"):
+            client(srv.url, timeout=0.3, max_retries=1).complete(MESSAGES)
+        assert time.monotonic() - t0 < 1.4   # two 0.3 s attempts, not the server's 1.5 s
+    assert len(srv.requests) == 2
+
+
+def test_timeout_then_success():
+    with ChatServer([("sleep", 1.0), ("ok", "second try")]) as srv:
+        assert client(srv.url, timeout=0.3).complete(MESSAGES).text == "second try"
+
+
+def test_connection_refused_is_an_llm_error():
+    with ChatServer([("ok", "x")]) as srv:
+        url = srv.url
+    with pytest.raises(LLMError, match="Connection"):
+        client(url, max_retries=1).complete(MESSAGES)
+
+
+def test_budget_stops_calls_before_they_happen():
+    budget = TokenBudget(max_calls=2)
+    with ChatServer([("ok", "ok")]) as srv:
+        a, b = client(srv.url, budget=budget), client(srv.url, budget=budget)   # shared by two clients
+        a.complete(MESSAGES)
+        b.complete(MESSAGES)
+        with pytest.raises(BudgetExhausted, match="call budget"):
+            a.complete(MESSAGES)
+    assert len(srv.requests) == 2
+
+
+def test_token_budget_refuses_a_call_that_could_exceed_it():
+    budget = TokenBudget(max_tokens=100)
+    with ChatServer([("ok", "ok")]) as srv:
+        c = client(srv.url, budget=budget)
+        c.complete(MESSAGES, max_tokens=50)           # ~5 prompt + 50 ≤ 100; charges 25 real tokens
+        with pytest.raises(BudgetExhausted, match="token budget"):
+            c.complete(MESSAGES, max_tokens=80)       # 25 used + ~5 + 80 > 100
+        c.complete(MESSAGES, max_tokens=40)           # still fits
+    assert len(srv.requests) == 2 and budget.tokens == 50
+
+
+def test_make_client_prefers_a_server_url(monkeypatch):
+    monkeypatch.delenv("EVOTRAINER_LLM_URL", raising=False)
+    c = make_client("http://127.0.0.1:9/v1", "m")
+    assert isinstance(c, OpenAIClient) and c.model == "m"
+    with pytest.raises(ValueError, match="needs a model name"):
+        make_client("http://127.0.0.1:9/v1")
+
+
+def test_mutate_command_with_an_llm_server(capsys):
+    """`evotrainer mutate --operator llm_diff --llm-url ...` against the test server."""
+    from pathlib import Path
+
+    from evotrainer.genome.program import REFERENCE_PATH
+    from evotrainer.operators.commands import main
+
+    reply = (Path(__file__).parent / "fixtures" / "llm_replies" / "diff_keep_groups.txt").read_text()
+    with ChatServer([("ok", reply), ("ok", "I think you should raise the learning rate.")]) as srv:
+        argv = ["mutate", str(REFERENCE_PATH), "--operator", "llm_diff", "--llm-url", srv.url, "--llm-model", "m"]
+        code, printed = main(argv), capsys.readouterr()
+        assert code == 0, printed.err
+        out = json.loads(printed.out)
+        assert out["factor"] == "hook:keep_groups" and out["prompt_tokens"] == 21
+        assert main(argv) == 1
+        err = json.loads(capsys.readouterr().err)
+        assert err["kind"] == "parse" and "HYPOTHESIS" in err["reason"]
+    assert "REQUIRED REPLY FORMAT" in srv.requests[0]["body"]["messages"][-1]["content"]
+
+
+def test_local_client_on_the_tiny_model(tiny):
+    """LocalClient through transformers: chat template, exact token counts, greedy determinism, budget."""
+    from evotrainer.operators.llm_client import LocalClient
+
+    model, tokenizer = tiny
+    budget = TokenBudget(max_calls=3)
+    client = LocalClient(model=model, tokenizer=tokenizer, budget=budget, threads=1)
+    a = client.complete(MESSAGES, max_tokens=8, temperature=0.0)
+    b = client.complete(MESSAGES, max_tokens=8, temperature=0.0)
+    assert a == b and isinstance(a.text, str) and 0 < a.completion_tokens <= 8
+    expected_prompt = len(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=True)["input_ids"])
+    assert a.prompt_tokens == expected_prompt
+    sampled = client.complete(MESSAGES, max_tokens=8, temperature=1.0)
+    assert 0 < sampled.completion_tokens <= 8 and client.calls == 3
+    assert budget.tokens == client.prompt_tokens + client.completion_tokens
+    with pytest.raises(BudgetExhausted):
+        client.complete(MESSAGES, max_tokens=8)
