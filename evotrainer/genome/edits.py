@@ -12,6 +12,7 @@ two hooks counts as changing both (and is rejected by the single-factor rule).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 from .errors import ContractError, EditError, SingleFactorError
@@ -142,8 +143,15 @@ def crossover(a: HarnessProgram, b: HarnessProgram, factor: str) -> HarnessProgr
 # ---- factors ----------------------------------------------------------------------------------
 def _toplevel(program: HarnessProgram) -> dict[str, tuple[ast.stmt, str]]:
     """Top-level name -> (defining statement, normalised dump). KNOBS is its own factor."""
+    return _toplevel_of_source(program.source)
+
+
+@functools.lru_cache(maxsize=512)
+def _toplevel_of_source(source: str) -> dict[str, tuple[ast.stmt, str]]:
+    # Cached by source: factor comparison asks for it once per hook on both programs, and the
+    # normalised dumps (deep copies of the tree) dominate the cost of every operator's child.
     out: dict[str, tuple[ast.stmt, str]] = {}
-    for stmt in program.tree.body:
+    for stmt in ast.parse(source).body:
         names: list[str] = []
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names = [stmt.name]
