@@ -42,15 +42,23 @@ class BranchVersion:
     parents: list[str] = field(default_factory=list)
     intervention: dict[str, Any] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    status: str = "trained"            # trained | promoted | rejected | invalid
+    status: str = "trained"            # trained | promoted | rejected | invalid | pruned
     created: float = field(default_factory=time.time)
+    generation: int = 0
+    operator: str | None = None        # the operator that proposed its intervention (None for seeds)
+    factor: str | None = None          # the single factor changed, e.g. "knob:learning_rate", "hook:reward"
+    decision: dict[str, Any] | None = None   # the gate's decision record (numbers and reasons)
+    violations: list[dict[str, Any]] = field(default_factory=list)  # validity findings (invalid if any)
+    knobs: dict[str, Any] = field(default_factory=dict)              # the recipe knob values it trained with
 
     @classmethod
     def load(cls, version_dir: str | Path) -> "BranchVersion":
         path = Path(version_dir) / "meta.json"
         if not path.is_file():
             raise FileNotFoundError(f"{version_dir} is not a branch version directory (meta.json missing)")
-        return cls(**json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class VersionDir:

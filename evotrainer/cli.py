@@ -1,5 +1,6 @@
 """The ``evotrainer`` command line.
 
+    evotrainer run CONFIG             the co-evolution loop; resume/status/approve/reject RUN_DIR
     evotrainer train CONFIG           train one branch under its harness, print held-out before/after
     evotrainer genome check|run ...   check a harness genome, run one hook in the sandbox
     evotrainer mutate PATH ...        propose an intervention with an operator
@@ -18,7 +19,8 @@ from rich.table import Table
 console = Console(highlight=False)
 
 # Subcommands other modules contribute: module path -> register(subparsers)
-PLUGGED = ("evotrainer.genome.commands", "evotrainer.operators.commands")
+PLUGGED = ("evotrainer.loop_commands", "evotrainer.genome.commands", "evotrainer.operators.commands",
+           "evotrainer.fitness.commands", "evotrainer.run_commands")
 
 
 def _fmt(v) -> str:
@@ -45,7 +47,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     def on_step(m: dict) -> None:
         print(" ".join(f"{_fmt(m.get(c, float('nan'))):>11}" for c in columns), flush=True)
 
-    result = train_branch(cfg, on_step=on_step, on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+    try:
+        result = train_branch(cfg, on_step=on_step, on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+    except ConfigError as e:
+        console.print(f"[red]config error[/red]\n{e}")
+        return 2
     table = Table(title=f"held-out accuracy ({cfg.domain.name})")
     table.add_column("before")
     table.add_column("after")
@@ -64,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="override run_dir (the version directory written)")
     p.set_defaults(func=cmd_train)
     for module in PLUGGED:
-        importlib.import_module(module).register(sub)
+        try:
+            importlib.import_module(module).register(sub)
+        except ModuleNotFoundError as e:  # a plugged module not built yet must not break the rest
+            if e.name != module:
+                raise
     return parser
 
 

@@ -67,6 +67,46 @@ class TrainConfig(_Section):
     eval_size: int | None = Field(None, ge=1, description="held-out tasks verified (None = all)")
 
 
+class LLMConfig(_Section):
+    base_url: str | None = Field(None, description="OpenAI-compatible server URL; None = local transformers client")
+    model: str = Field("smollm2-135m", description="server model name, or local model spec")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
+    max_tokens: int = Field(320, ge=16, description="reply tokens per operator call")
+    temperature: float = Field(0.7, ge=0)
+    timeout_s: float = Field(120.0, gt=0)
+
+
+class BudgetConfig(_Section):
+    train_steps: int | None = Field(None, ge=1, description="total optimisation steps over all branches")
+    rollout_tokens: int | None = Field(None, ge=1, description="total generated tokens (train + held-out)")
+    llm_calls: int | None = Field(None, ge=0, description="LLM operator calls")
+    llm_tokens: int | None = Field(None, ge=0, description="LLM operator tokens (prompt + completion)")
+    wall_time_s: float | None = Field(None, gt=0, description="wall-clock seconds for the whole run")
+
+
+class EvolutionConfig(_Section):
+    mode: Literal["evolve", "reference", "recipe-search"] = Field(
+        "evolve", description="evolve: all operators; reference: fixed reference harness; recipe-search: knobs only")
+    population_size: int = Field(4, ge=1)
+    children_per_generation: int = Field(2, ge=0)
+    generations: int = Field(3, ge=1)
+    steps_per_generation: int = Field(2, ge=1, description="training steps of each live branch per generation")
+    operators: dict[str, float] = Field(default_factory=lambda: {"llm_diff": 1.0, "knobs": 1.0, "crossover": 0.5},
+                                        description="operator name -> weight")
+    selection: Literal["nsga2", "tournament"] = "nsga2"
+    tournament_size: int = Field(2, ge=1)
+    elitism: int = Field(1, ge=0, description="best valid branches always kept")
+    gate_level: float = Field(0.9, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
+    min_delta: float = Field(0.0, description="a child is promoted when the CI lower bound exceeds this")
+    allow_multi_factor: bool = False
+    human_gate: bool = Field(False, description="pause before training each child until approve/reject")
+    backtest: bool = Field(True, description="reject children whose backtest misses their expected effect")
+    skills_validate_after: int = Field(2, ge=1)
+    user_skills: bool = Field(True, description="read and extend the user-level skill library")
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+
+
 class Config(_Section):
     model: str = Field("smollm2-135m", description="'smollm2-135m', 'tiny-random' or a local HF folder")
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -79,6 +119,7 @@ class Config(_Section):
     lora: LoraConfig = Field(default_factory=LoraConfig)
     grpo: GRPOSection = Field(default_factory=GRPOSection)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    evolution: EvolutionConfig = Field(default_factory=EvolutionConfig)
 
 
 class ConfigError(ValueError):

@@ -39,10 +39,29 @@ class TrainResult:
 
 
 def grpo_config(harness: Harness, overrides: dict[str, Any]) -> GRPOConfig:
-    """The recipe: GRPOConfig defaults ← the harness's knobs ← explicit config overrides."""
-    values = {k: v for k, v in harness.knob_values.items() if k in GRPO_KNOBS}
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    """The recipe: GRPOConfig defaults ← the harness's knobs ← config overrides of non-knob settings.
+
+    Knob overrides are not applied here: ``seed_program`` writes them into the seed genome, so a
+    child whose operator changed a knob really trains with its own value.
+    """
+    knobs = harness.knob_values
+    values = {k: v for k, v in knobs.items() if k in GRPO_KNOBS}
+    values.update({k: v for k, v in overrides.items() if v is not None and k not in knobs})
     return GRPOConfig(**values)
+
+
+def seed_program(cfg: Config) -> HarnessProgram:
+    """The harness a run starts from, with the config's ``grpo`` knob overrides written into KNOBS."""
+    from evotrainer.config import ConfigError
+    from evotrainer.genome.errors import ContractError
+
+    program = load_program(cfg.harness)
+    values = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None and k in program.knobs}
+    try:
+        return program.with_knobs(**values) if values else program
+    except ContractError as e:
+        raise ConfigError(f"grpo override outside the harness's declared knob space: {e}; "
+                          "choose an allowed value or widen the knob in the harness's KNOBS") from None
 
 
 def build_domain(cfg: Config):
@@ -97,7 +116,7 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                  on_event: Callable[[str], None] | None = None) -> TrainResult:
     """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir."""
     say = on_event or (lambda msg: None)
-    program = load_program(cfg.harness)
+    program = seed_program(cfg)
     domain = build_domain(cfg)
     out = VersionDir(cfg.run_dir)
     with Harness(program, sandbox=cfg.sandbox) as harness:

@@ -42,7 +42,7 @@ def test_train_command_end_to_end_on_tiny_model(tmp_path, capsys):
     cfg = {
         "model": "tiny-random", "run_dir": str(run_dir),
         "domain": {"difficulty": 2, "n_train": 12, "n_heldout": 4, "n_test": 4},
-        "grpo": {"max_completion_length": 6, "num_generations": 2, "learning_rate": 1e-3},
+        "grpo": {"max_completion_length": 32, "num_generations": 2, "learning_rate": 1e-3},
         "train": {"steps": 2, "prompts_per_step": 2, "eval_max_new_tokens": 6},
     }
     path = tmp_path / "cfg.yaml"
@@ -92,3 +92,14 @@ def test_readme_config_reference_covers_every_field():
     missing = [f"{p}{n}" for p, n in paths(Config) if f"`{p}{n}`" not in readme and f"`{n}`" not in readme
                and f"{p}{n}" not in readme]
     assert not missing, f"README config reference lacks: {missing}"
+
+
+def test_knob_override_outside_the_harness_space_is_a_config_error(tmp_path, capsys):
+    from evotrainer.cli import main
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({"model": "tiny-random", "run_dir": str(tmp_path / "r"),
+                                    "grpo": {"max_completion_length": 7}}))
+    assert main(["train", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert "max_completion_length" in out and "[32, 64, 128, 256]" in out

@@ -1,0 +1,175 @@
+"""The co-evolution loop: a population of LoRA branches co-evolving with their harnesses.
+
+One generation, top to bottom (DESIGN.md, "One generation of the loop"):
+
+    train live versions k steps → verify on held-out → health reports (in verify) → gate children
+    against their control siblings → record → select survivors → propose children (operators +
+    backtest) and continue survivors → next generation
+
+State is saved after every stage and every version, so ``resume`` after ``kill -9`` repeats no
+finished work and duplicates nothing (stages are idempotent; MLflow records are keyed by version).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from evotrainer.branch import VersionDir
+from evotrainer.config import Config
+from evotrainer.genome.program import HarnessProgram
+from evotrainer.resources import BudgetReached, Resources
+from evotrainer.run_state import RunState, load_state, save_state
+from evotrainer.selection import Candidate, survivors as select_survivors
+from evotrainer.stages import SETTLED, gate_version, new_version, propose_children, train_version, verify_version
+
+
+class Experiment(Resources):
+    def __init__(self, cfg: Config, run_dir: str | Path | None = None, on_event: Callable[[str], None] | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir or cfg.run_dir)
+        self.on_event = on_event or (lambda msg: None)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg_path = self.run_dir / "config.json"
+        if (self.run_dir / "state.json").is_file():
+            self.state = load_state(self.run_dir)
+        else:
+            self.state = RunState()
+            cfg_path.write_text(cfg.model_dump_json(indent=2))
+        self._clock = time.monotonic()
+        self._resources: dict[str, Any] = {}
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, **kw) -> "Experiment":
+        from evotrainer.config import parse_config
+
+        path = Path(run_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{run_dir} holds no config.json: not an evotrainer run directory")
+        return cls(parse_config(json.loads(path.read_text()), str(path)), run_dir, **kw)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> RunState:
+        s = self.state
+        if s.status in ("finished", "stopped"):
+            return s
+        if s.status == "paused" and any(v == "pending" for v in s.approvals.values()):
+            self.say("paused: waiting for `evotrainer approve/reject` on " +
+                     ", ".join(k for k, v in s.approvals.items() if v == "pending"))
+            return s
+        s.status = "running"
+        if not s.live and s.generation == 0 and s.next_id == 0:
+            seed = self.seed_program()
+            s.live = [new_version(self, None, seed.source, 0)]
+            self.save()
+        try:
+            while s.generation < self.cfg.evolution.generations and s.status == "running":
+                self.run_generation()
+        except BudgetReached as e:
+            s.status, s.stop_reason = "stopped", str(e)
+            self.say(f"budget reached: {e}; stopping cleanly")
+        if s.status == "running":
+            s.status = "finished"
+        self.save()
+        self.finish()
+        return s
+
+    def run_generation(self) -> None:
+        s, g = self.state, self.state.generation
+        if s.stage == "train":
+            for vid in s.live:
+                self.guard()
+                self.say(f"gen {g}: training {vid}")
+                train_version(self, vid)
+                self.save()
+            self.advance("verify")
+        if s.stage == "verify":
+            for vid in s.live:
+                self.say(f"gen {g}: verifying {vid} on {len(self.heldout_tasks)} held-out tasks")
+                verify_version(self, vid)
+                self.save()
+            self.advance("gate")
+        if s.stage == "gate":
+            for vid in s.live:
+                gate_version(self, vid)
+                self.record(vid)
+                self.save()
+            self.advance("select")
+        if s.stage == "select":
+            cands = self.candidates(self.generation_versions(g))
+            s.survivors = select_survivors(cands, self.cfg.evolution.population_size,
+                                           self.cfg.evolution.selection, self.cfg.evolution.elitism,
+                                           self.cfg.evolution.tournament_size, seed=self.cfg.seed + g)
+            for c in cands:
+                if c.version_id not in s.survivors:
+                    self.set_status(c.version_id, "pruned")
+            self.say(f"gen {g}: survivors {', '.join(s.survivors) or 'none'}")
+            s.live = []
+            self.advance("propose")
+        if s.stage == "propose":
+            if g + 1 < self.cfg.evolution.generations:
+                self.continue_survivors(g + 1)
+                propose_children(self, s.survivors, g + 1)
+            s.generation, s.stage = g + 1, "train"
+            if any(v == "pending" for v in s.approvals.values()):
+                s.status = "paused"
+                self.say("human gate: approve or reject the proposed children, then `evotrainer resume`")
+            self.save()
+
+    def continue_survivors(self, generation: int) -> None:
+        """Each survivor goes on under its own harness: the control its children are paired against."""
+        s = self.state
+        continued = {self.vdir(v).meta().parents[0] for v in s.live if self.vdir(v).meta().operator is None}
+        for sid in s.survivors:
+            if sid not in continued:
+                parent = self.vdir(sid).meta()
+                s.live.append(new_version(self, parent, self.vdir(sid).genome_source(), generation))
+                self.save()
+
+    # ---- helpers the stages use -------------------------------------------------------------
+    def vdir(self, vid: str) -> VersionDir:
+        return VersionDir(self.run_dir / "versions" / vid)
+
+    def versions(self) -> list[str]:
+        root = self.run_dir / "versions"
+        return sorted(p.name for p in root.iterdir() if (p / "meta.json").is_file()) if root.is_dir() else []
+
+    def generation_versions(self, generation: int) -> list[str]:
+        return [v for v in self.versions() if self.vdir(v).meta().generation == generation]
+
+    def candidates(self, vids: list[str]) -> list[Candidate]:
+        out = []
+        for v in vids:
+            m = self.vdir(v).meta()
+            if m.status in SETTLED:
+                out.append(Candidate(v, m.metrics.get("heldout_accuracy", 0.0), m.metrics.get("cost", 0.0)))
+        return out
+
+    def set_status(self, vid: str, status: str) -> None:
+        vd = self.vdir(vid)
+        meta = vd.meta()
+        meta.status = status
+        vd.save_meta(meta)
+        self.record(vid)
+
+    def seed_program(self) -> HarnessProgram:
+        from evotrainer.train import seed_program
+
+        return seed_program(self.cfg)
+
+    def advance(self, stage: str) -> None:
+        self.state.stage = stage
+        self.save()
+
+    def save(self) -> None:
+        now = time.monotonic()
+        self.state.budget_used["wall_time_s"] += now - self._clock
+        self._clock = now
+        save_state(self.run_dir, self.state)
+
+    def say(self, msg: str) -> None:
+        self.state.log(msg)
+        self.on_event(msg)
+

@@ -1,0 +1,111 @@
+"""CLI commands of the co-evolution loop: run, resume, status, approve, reject."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console(highlight=False)
+
+
+def _experiment(run_dir: str):
+    from evotrainer.experiment import Experiment
+
+    return Experiment.resume(run_dir, on_event=lambda m: console.print(f"[dim]{m}[/dim]"))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from evotrainer.config import ConfigError, load_config
+    from evotrainer.experiment import Experiment
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        console.print(f"[red]config error[/red]\n{e}")
+        return 2
+    if args.run_dir:
+        cfg.run_dir = args.run_dir
+    if (Path(cfg.run_dir) / "state.json").is_file() and not args.resume:
+        console.print(f"[red]{cfg.run_dir} already holds a run[/red]: continue it with "
+                      f"`evotrainer resume {cfg.run_dir}` or choose another --run-dir")
+        return 2
+    exp = Experiment(cfg, on_event=lambda m: console.print(f"[dim]{m}[/dim]"))
+    try:
+        exp.run()
+    except ConfigError as e:
+        console.print(f"[red]config error[/red]\n{e}")
+        return 2
+    exp.print_summary(console)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    exp = _experiment(args.run_dir)
+    exp.run()
+    exp.print_summary(console)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from evotrainer.experiment import Experiment
+
+    exp = Experiment.resume(args.run_dir)
+    s = exp.state
+    console.print(f"[bold]{args.run_dir}[/bold]: {s.status}, generation {s.generation}/"
+                  f"{exp.cfg.evolution.generations}, stage {s.stage}, live {', '.join(s.live) or '-'}")
+    for line in s.events[-args.events:]:
+        console.print(f"  [dim]{line}[/dim]")
+    exp.print_summary(console)
+    return 0
+
+
+def _decide(args: argparse.Namespace, verdict: str) -> int:
+    exp = _experiment(args.run_dir)
+    pending = [k for k, v in exp.state.approvals.items() if v == "pending"]
+    ids = args.versions or pending
+    unknown = [i for i in ids if i not in pending]
+    if unknown:
+        console.print(f"[red]not awaiting approval: {', '.join(unknown)}[/red]; pending: {', '.join(pending) or 'none'}")
+        return 1
+    for vid in ids:
+        vd = exp.vdir(vid)
+        meta = vd.meta()
+        exp.state.approvals[vid] = verdict
+        if verdict == "approved":
+            meta.status = "pending"
+        else:
+            meta.status = "rejected"
+            meta.decision = {"reasons": [f"rejected by a person{': ' + args.reason if args.reason else ''}"]}
+            if vid in exp.state.live:
+                exp.state.live.remove(vid)
+        vd.save_meta(meta)
+        exp.record(vid)
+        console.print(f"{vid}: {verdict}")
+    if not any(v == "pending" for v in exp.state.approvals.values()):
+        exp.state.status = "running"
+        console.print(f"all decided: continue with `evotrainer resume {args.run_dir}`")
+    exp.save()
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run the co-evolution loop from a config")
+    p.add_argument("config")
+    p.add_argument("--run-dir", help="override run_dir")
+    p.add_argument("--resume", action="store_true", help="continue if the run dir already holds this run")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("resume", help="continue a run (after a crash, kill -9, a budget raise or a human gate)")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_resume)
+    p = sub.add_parser("status", help="show a live or finished run")
+    p.add_argument("run_dir")
+    p.add_argument("--events", type=int, default=10, help="recent events to show")
+    p.set_defaults(func=cmd_status)
+    for verdict, name in (("approved", "approve"), ("rejected", "reject")):
+        p = sub.add_parser(name, help=f"{name} children waiting at the human gate")
+        p.add_argument("run_dir")
+        p.add_argument("versions", nargs="*", help="version ids (default: all pending)")
+        p.add_argument("--reason", default="", help="feedback recorded with the decision")
+        p.set_defaults(func=lambda a, v=verdict: _decide(a, v))

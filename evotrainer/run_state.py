@@ -1,0 +1,61 @@
+"""The loop's state on disk: written atomically after every stage so `evotrainer resume` after
+``kill -9`` at any point continues with no version lost or duplicated.
+
+Each version's own progress lives in its version directory (meta.json status: pending → trained →
+verified → kept | promoted | rejected | invalid | pruned); this file holds what spans versions:
+the generation and stage, the live set, budgets spent, approvals and operator statistics.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evotrainer.branch import write_atomic
+
+STAGES = ("train", "verify", "gate", "select", "propose")
+
+
+@dataclass
+class RunState:
+    generation: int = 0
+    stage: str = "train"
+    status: str = "running"            # running | paused | finished | stopped | failed
+    stop_reason: str | None = None
+    live: list[str] = field(default_factory=list)          # versions to train this generation
+    survivors: list[str] = field(default_factory=list)     # selected at the end of this generation
+    next_id: int = 0
+    budget_used: dict[str, float] = field(default_factory=lambda: {
+        "train_steps": 0, "rollout_tokens": 0, "llm_calls": 0, "llm_tokens": 0, "wall_time_s": 0.0})
+    approvals: dict[str, str] = field(default_factory=dict)   # version id -> pending | approved | rejected
+    operator_stats: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)  # interventions and their outcomes
+    events: list[str] = field(default_factory=list)
+
+    def new_id(self) -> str:
+        vid = f"v{self.next_id:04d}"
+        self.next_id += 1
+        return vid
+
+    def log(self, message: str) -> None:
+        self.events = (self.events + [message])[-200:]
+
+
+def state_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "state.json"
+
+
+def save_state(run_dir: str | Path, state: RunState) -> None:
+    write_atomic(state_path(run_dir), json.dumps(asdict(state), indent=2, sort_keys=True))
+
+
+def load_state(run_dir: str | Path) -> RunState:
+    path = state_path(run_dir)
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not an evotrainer run directory (state.json missing); "
+                                "start one with `evotrainer run CONFIG`")
+    data = json.loads(path.read_text())
+    known = set(RunState.__dataclass_fields__)
+    return RunState(**{k: v for k, v in data.items() if k in known})

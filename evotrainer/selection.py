@@ -1,0 +1,74 @@
+"""Selection with DEAP: which branch versions survive a generation and which become parents.
+
+Objectives: maximise held-out score, minimise cost (generated tokens per training step). Validity
+is a constraint, not an objective: an invalid version is never selected, whatever its score.
+NSGA-II (the default) keeps the Pareto front first; tournament selection is an option. Elitism
+always keeps the best valid versions by score.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+from deap import base, tools
+
+
+class _Fitness(base.Fitness):
+    weights = (1.0, -1.0)  # (held-out score ↑, cost ↓)
+
+
+@dataclass
+class Candidate:
+    version_id: str
+    score: float
+    cost: float
+    valid: bool = True
+
+    def __post_init__(self) -> None:
+        self.fitness = _Fitness((self.score, self.cost))
+
+
+def survivors(cands: Sequence[Candidate], k: int, method: str = "nsga2", elitism: int = 1,
+              tournament_size: int = 2, seed: int = 0) -> list[str]:
+    """The ids of at most ``k`` valid versions that live on."""
+    valid = [c for c in cands if c.valid]
+    if len(valid) <= k:
+        return [c.version_id for c in valid]
+    elite = sorted(valid, key=lambda c: (-c.score, c.cost, c.version_id))[:min(elitism, k)]
+    rest = [c for c in valid if c not in elite]
+    if method == "nsga2":
+        chosen = tools.selNSGA2(rest, k - len(elite))
+    else:
+        rng_state = random.getstate()
+        random.seed(seed)
+        try:
+            chosen = _unique_tournament(rest, k - len(elite), tournament_size)
+        finally:
+            random.setstate(rng_state)
+    return [c.version_id for c in elite + list(chosen)]
+
+
+def parents(cands: Sequence[Candidate], k: int, tournament_size: int = 2, seed: int = 0) -> list[str]:
+    """``k`` parent ids (with repetition) by tournament on Pareto rank, then score."""
+    valid = [c for c in cands if c.valid]
+    if not valid or k <= 0:
+        return []
+    fronts = tools.sortNondominated(valid, len(valid))
+    rank = {c.version_id: i for i, front in enumerate(fronts) for c in front}
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        pool = [rng.choice(valid) for _ in range(tournament_size)]
+        out.append(min(pool, key=lambda c: (rank[c.version_id], -c.score, c.version_id)).version_id)
+    return out
+
+
+def _unique_tournament(cands: list[Candidate], k: int, size: int) -> list[Candidate]:
+    pool, out = list(cands), []
+    while pool and len(out) < k:
+        winner = tools.selTournament(pool, 1, tournsize=min(size, len(pool)))[0]
+        out.append(winner)
+        pool.remove(winner)
+    return out

@@ -1,0 +1,147 @@
+"""The co-evolution loop on the tiny model: generations, gates, lineage, human gate, budgets,
+and resume after kill -9 at several points (real subprocesses, real MLflow, real sandbox)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evotrainer.config import parse_config
+from evotrainer.experiment import Experiment
+from evotrainer.run_state import load_state
+
+TERMINAL = {"kept", "promoted", "rejected", "invalid", "pruned"}
+
+
+def tiny_cfg(run_dir, **evolution):
+    ev = {"population_size": 2, "children_per_generation": 2, "generations": 3, "steps_per_generation": 1,
+          "operators": {"knobs": 1.0, "crossover": 1.0}, "user_skills": False}
+    ev.update(evolution)
+    return {
+        "model": "tiny-random", "run_dir": str(run_dir),
+        "domain": {"difficulty": 2, "n_train": 16, "n_heldout": 6, "n_test": 4},
+        "grpo": {"max_completion_length": 32, "num_generations": 2},
+        "train": {"prompts_per_step": 2, "eval_max_new_tokens": 6},
+        "evolution": ev,
+    }
+
+
+def mlflow_runs(run_dir):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+    exps = client.search_experiments()
+    runs = [r for e in exps for r in client.search_runs([e.experiment_id], max_results=1000)]
+    return [r for r in runs if "evotrainer.version_id" in r.data.tags]
+
+
+def check_invariants(run_dir):
+    """No version lost or duplicated: every version settled, one MLflow run each, ids contiguous."""
+    state = load_state(run_dir)
+    exp = Experiment.resume(run_dir)
+    vids = exp.versions()
+    assert vids == [f"v{i:04d}" for i in range(state.next_id)], (vids, state.next_id)
+    metas = {v: exp.vdir(v).meta() for v in vids}
+    assert all(m.status in TERMINAL for m in metas.values()), {v: m.status for v, m in metas.items()}
+    runs = mlflow_runs(run_dir)
+    ids = [r.data.tags["evotrainer.version_id"] for r in runs]
+    assert sorted(ids) == vids, "exactly one MLflow run per version"
+    for r in runs:
+        m = metas[r.data.tags["evotrainer.version_id"]]
+        assert r.data.tags["evotrainer.status"] == m.status
+        if m.parents:
+            assert r.data.tags["evotrainer.parents"].split(",") == m.parents
+    return state, metas
+
+
+def test_loop_runs_gates_and_records(tmp_path):
+    run_dir = tmp_path / "run"
+    exp = Experiment(parse_config(tiny_cfg(run_dir)))
+    state = exp.run()
+    assert state.status == "finished" and state.generation == 3
+    state, metas = check_invariants(run_dir)
+    gens = {g: [m for m in metas.values() if m.generation == g] for g in range(3)}
+    assert len(gens[0]) == 1 and gens[0][0].operator is None  # the seed: the reference harness
+    children = [m for m in metas.values() if m.operator]
+    assert children, "operators proposed children"
+    for c in children:
+        assert c.factor and c.decision and c.status in ("promoted", "rejected", "invalid")
+        assert (exp.vdir(c.id).path / "intervention.json").is_file()
+        assert (exp.vdir(c.id).path / "backtest.json").is_file()
+        paired = c.decision.get("paired") or {}
+        assert "ci_low" in json.dumps(paired) or "reason" in paired
+        # The child started from its parent's adapter and changed exactly one factor.
+        assert len(json.loads((exp.vdir(c.id).path / "intervention.json").read_text())["factors"]) == 1
+    assert state.budget_used["train_steps"] == sum(1 for m in metas.values() if m.status != "pending")
+    assert (run_dir / "plots").is_dir()
+    exp.print_summary()
+
+
+def test_budget_stops_cleanly_and_resume_respects_it(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg(run_dir, budget={"train_steps": 2})
+    state = Experiment(parse_config(cfg)).run()
+    assert state.status == "stopped" and "train_steps" in state.stop_reason
+    assert state.budget_used["train_steps"] == 2
+    assert Experiment.resume(run_dir).run().status == "stopped"  # nothing more is spent
+
+
+def test_human_gate_pauses_until_approve_or_reject(tmp_path):
+    from evotrainer.cli import main
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg(run_dir, human_gate=True, generations=2, operators={"knobs": 1.0})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path)]) == 0
+    state = load_state(run_dir)
+    pending = [k for k, v in state.approvals.items() if v == "pending"]
+    assert state.status == "paused" and len(pending) == 2
+    assert main(["approve", str(run_dir), pending[0]]) == 0
+    assert main(["reject", str(run_dir), pending[1], "--reason", "too risky"]) == 0
+    assert main(["resume", str(run_dir)]) == 0
+    state, metas = check_invariants(run_dir)
+    assert state.status == "finished"
+    assert metas[pending[0]].status in ("promoted", "rejected", "invalid")  # approved: trained and gated
+    assert metas[pending[0]].metrics.get("heldout_accuracy") is not None
+    assert metas[pending[1]].status == "rejected" and "too risky" in metas[pending[1]].decision["reasons"][0]
+    assert metas[pending[1]].metrics.get("heldout_accuracy") is None   # rejected: never trained
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_at_several_points(tmp_path):
+    run_dir = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(tiny_cfg(run_dir)))
+    cli = [sys.executable, "-m", "evotrainer.cli"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Each kill lands at a different stage: mid-training, mid-verification, mid-proposal, mid-gate.
+    markers = ["gen 1: training v0002", "gen 1: verifying v0003", "proposed v0005", "gen 2: verifying v0005"]
+    args = cli + ["run", str(path)]
+    killed = 0
+    for marker in markers:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        deadline = time.time() + 300
+        seen = False
+        for line in proc.stdout:
+            if marker in line:
+                seen = True
+                time.sleep(0.5)  # land inside the stage, not at its first line
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            assert time.time() < deadline
+        proc.wait()
+        killed += seen
+        args = cli + ["resume", str(run_dir)]
+    assert killed == len(markers), f"killed at {killed} of {len(markers)} points"
+    done = subprocess.run(cli + ["resume", str(run_dir)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    state, metas = check_invariants(run_dir)
+    assert state.status == "finished" and state.generation == 3
