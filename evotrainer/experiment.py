@@ -20,6 +20,7 @@ from typing import Any, Callable
 from evotrainer.branch import VersionDir
 from evotrainer.config import Config
 from evotrainer.genome.program import HarnessProgram
+from evotrainer.progress import NullProgress
 from evotrainer.resources import BudgetReached, Resources
 from evotrainer.run_state import RunState, load_state, save_state
 from evotrainer.selection import Candidate, survivors as select_survivors
@@ -27,8 +28,10 @@ from evotrainer.stages import SETTLED, gate_version, new_version, propose_childr
 
 
 class Experiment(Resources):
-    def __init__(self, cfg: Config, run_dir: str | Path | None = None, on_event: Callable[[str], None] | None = None):
+    def __init__(self, cfg: Config, run_dir: str | Path | None = None, on_event: Callable[[str], None] | None = None,
+                 progress: NullProgress | None = None):
         self.cfg = cfg
+        self.progress = progress or NullProgress()
         self.run_dir = Path(run_dir or cfg.run_dir)
         self.on_event = on_event or (lambda msg: None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -79,23 +82,29 @@ class Experiment(Resources):
     def run_generation(self) -> None:
         s, g = self.state, self.state.generation
         if s.stage == "train":
+            self.progress.stage(f"gen {g}/{self.cfg.evolution.generations - 1} train", len(s.live))
             for vid in s.live:
                 self.guard()
                 self.say(f"gen {g}: training {vid}")
                 train_version(self, vid)
                 self.save()
+                self.progress.advance()
             self.advance("verify")
         if s.stage == "verify":
+            self.progress.stage(f"gen {g} verify", len(s.live))
             for vid in s.live:
                 self.say(f"gen {g}: verifying {vid} on {len(self.heldout_tasks)} held-out tasks")
                 verify_version(self, vid)
                 self.save()
+                self.progress.advance()
             self.advance("gate")
         if s.stage == "gate":
+            self.progress.stage(f"gen {g} gate", len(s.live))
             for vid in s.live:
                 gate_version(self, vid)
                 self.record(vid)
                 self.save()
+                self.progress.advance()
             self.advance("select")
         if s.stage == "select":
             cands = self.candidates(self.generation_versions(g))

@@ -10,10 +10,17 @@ from rich.console import Console
 console = Console(highlight=False)
 
 
-def _experiment(run_dir: str):
+def _experiment(run_dir: str, progress=None):
     from evotrainer.experiment import Experiment
 
-    return Experiment.resume(run_dir, on_event=lambda m: console.print(f"[dim]{m}[/dim]"))
+    return Experiment.resume(run_dir, on_event=lambda m: console.print(f"[dim]{m}[/dim]"), progress=progress)
+
+
+def _run(exp) -> None:
+    try:
+        exp.run()
+    finally:
+        exp.progress.close()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -31,9 +38,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[red]{cfg.run_dir} already holds a run[/red]: continue it with "
                       f"`evotrainer resume {cfg.run_dir}` or choose another --run-dir")
         return 2
-    exp = Experiment(cfg, on_event=lambda m: console.print(f"[dim]{m}[/dim]"))
+    from evotrainer.progress import RichProgress
+
+    exp = Experiment(cfg, on_event=lambda m: console.print(f"[dim]{m}[/dim]"), progress=RichProgress(console))
     try:
-        exp.run()
+        _run(exp)
     except ConfigError as e:
         console.print(f"[red]config error[/red]\n{e}")
         return 2
@@ -42,8 +51,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    exp = _experiment(args.run_dir)
-    exp.run()
+    from evotrainer.progress import RichProgress
+
+    exp = _experiment(args.run_dir, RichProgress(console))
+    _run(exp)
     exp.print_summary(console)
     return 0
 

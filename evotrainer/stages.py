@@ -41,6 +41,7 @@ def train_version(exp, vid: str) -> None:
         with Harness(program, sandbox=cfg.sandbox) as harness:
             grpo = grpo_config(harness, cfg.grpo.model_dump())
             trainer = GRPOTrainer(exp.policy, vid, grpo)
+            exp.progress.steps(f"{vid} GRPO steps", k)
             for i in range(k):
                 # Common random numbers: siblings of one generation see the same tasks and seeds,
                 # so a child and its control differ only in the harness.
@@ -50,7 +51,9 @@ def train_version(exp, vid: str) -> None:
                                                     vid, step, cfg.seed)
                 rollouts += step_rollouts
                 vd.append_step(metrics)
-                exp.spend(train_steps=1, rollout_tokens=sum(r.num_tokens for r in step_rollouts))
+                exp.progress.step()
+                exp.spend(train_steps=1, rollout_tokens=sum(r.num_tokens for r in step_rollouts),
+                          gen_seconds=metrics["gen_seconds"], train_seconds=metrics["train_seconds"])
             meta.knobs = harness.knob_values
     except (SandboxError, GenomeError, ValueError) as e:
         # The harness failed at run time: the engine records it and carries on with the others.
@@ -81,10 +84,12 @@ def verify_version(exp, vid: str) -> None:
     tc = exp.cfg.train
     exp.load_adapter(vid)
     exp.policy.check_adapter_applied(vid)
+    t0 = time.perf_counter()
     heldout = verify(exp.engine, exp.domain, exp.heldout_tasks, vid, max_new_tokens=tc.eval_max_new_tokens,
                      temperature=tc.eval_temperature, seeds=tc.eval_seeds)
+    verify_seconds = time.perf_counter() - t0
     exp.unload_adapter(vid)
-    exp.spend(rollout_tokens=sum(r.num_tokens for r in heldout))
+    exp.spend(rollout_tokens=sum(r.num_tokens for r in heldout), verify_seconds=verify_seconds)
     vd.save_rollouts("heldout", heldout)
     parent_dir = exp.vdir(meta.parents[0]).path if meta.parents and exp.vdir(meta.parents[0]).path.exists() else None
     report = health_report(vd.path, compare=parent_dir)
@@ -95,6 +100,7 @@ def verify_version(exp, vid: str) -> None:
         heldout_accuracy=sum(bool(r.hidden.get("correct")) for r in heldout) / max(1, len(heldout)),
         train_reward_mean=sum(r.reward or 0.0 for r in train) / max(1, len(train)),
         cost=sum(r.num_tokens for r in train) / max(1, len(train)),   # generated tokens per rollout
+        verify_seconds=verify_seconds,
     )
     meta.status = "verified"
     vd.save_meta(meta)
@@ -186,6 +192,7 @@ def propose_children(exp, survivors: list[str], generation: int) -> None:
         if second:
             programs.append(HarnessProgram(exp.vdir(second).genome_source(), name=f"{second}/genome.py"))
         record = {"generation": generation, "parent": pid}
+        t0 = time.perf_counter()
         try:
             iv = exp.mix.propose(programs, exp.evidence_for(pid), attempts=3)
         except OperatorError as e:
@@ -194,12 +201,15 @@ def propose_children(exp, survivors: list[str], generation: int) -> None:
             exp.save()
             continue
         finally:
+            exp.spend(propose_seconds=time.perf_counter() - t0)
             exp.sync_llm_budget()
         record.update(operator=iv.operator, factor=iv.factor, hypothesis=iv.hypothesis,
                       expected=iv.expected_effect.to_dict() if iv.expected_effect else None)
         bt = None
         if ev.backtest:
+            t0 = time.perf_counter()
             bt = backtest(iv.child(), exp.vdir(pid).path, expect=iv.expected_effect, labels=exp.labels)
+            exp.spend(backtest_seconds=time.perf_counter() - t0)
             if not bt.accept:
                 state.history.append({**record, "outcome": "backtest_rejected", "reasons": bt.reasons[:5]})
                 exp.say(f"gen {generation}: {iv.operator} child of {pid} rejected by backtest: {bt.reasons[:1]}")

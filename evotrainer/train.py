@@ -44,9 +44,9 @@ def grpo_config(harness: Harness, overrides: dict[str, Any]) -> GRPOConfig:
     Knob overrides are not applied here: ``seed_program`` writes them into the seed genome, so a
     child whose operator changed a knob really trains with its own value.
     """
-    knobs = harness.knob_values
-    values = {k: v for k, v in knobs.items() if k in GRPO_KNOBS}
-    values.update({k: v for k, v in overrides.items() if v is not None and k not in knobs})
+    values = {k: v for k, v in harness.knob_values.items() if k in GRPO_KNOBS}
+    own = harness.program.knobs  # a genome without KNOBS falls back to the reference's: overridable here
+    values.update({k: v for k, v in overrides.items() if v is not None and k not in own})
     return GRPOConfig(**values)
 
 

@@ -1,0 +1,177 @@
+"""Labelled history: branches and rollouts known to be (in)valid, the diagnostic gaps, and scoring.
+
+Diagnostics evolve like the rest of a harness, so they need a fitness of their own: how many known
+invalid cases does a harness's ``validity`` (and ``alerts``) flag, and how many valid ones does it
+flag wrongly? The labels come from the engine (a gate found a branch invalid: leak used, held-out
+failure behind high training reward, tampered cache) or from a person. When a gate finds a branch
+invalid that the branch's own validity checks did not flag, a ``DiagnosticGap`` is recorded: the
+evidence operators get when they are asked to extend the diagnostics.
+
+The store is one JSON file (written atomically). Labels point into version dirs, which are immutable,
+rather than copying rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evotrainer.branch import write_atomic
+from evotrainer.genome.harness import Harness
+from evotrainer.rollout import Rollout, group_rollouts
+
+
+@dataclass
+class BranchLabel:
+    path: str                       # the version dir
+    invalid: bool
+    reasons: list[str] = field(default_factory=list)
+    source: str = "gate"            # gate | user
+    genome_hash: str = ""
+    time: float = field(default_factory=time.time)
+
+
+@dataclass
+class RolloutLabel:
+    path: str                       # the version dir
+    split: str
+    index: int                      # line of the rollout in rollouts/<split>.jsonl
+    invalid: bool
+    reason: str = ""
+
+
+@dataclass
+class DiagnosticGap:
+    """An invalid branch that no validity check of its harness flagged."""
+
+    path: str
+    genome_hash: str
+    engine_checks: list[str]        # the engine checks that found it invalid
+    evidence: dict[str, Any]        # their numbers
+    harness_alerts: list[str]       # what the harness did say (names), for context
+    suggestion: str
+    time: float = field(default_factory=time.time)
+
+
+@dataclass
+class LabelledCase:
+    """One unit a diagnostic is scored on: a batch of rollouts (a branch's, or a single rollout)."""
+
+    name: str
+    rollouts: list[Rollout]
+    invalid: bool
+    reason: str = ""
+
+
+class LabelStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.branches: list[BranchLabel] = []
+        self.rollouts: list[RolloutLabel] = []
+        self.gaps: list[DiagnosticGap] = []
+        if self.path.is_file():
+            d = json.loads(self.path.read_text())
+            self.branches = [BranchLabel(**x) for x in d.get("branches", [])]
+            self.rollouts = [RolloutLabel(**x) for x in d.get("rollouts", [])]
+            self.gaps = [DiagnosticGap(**x) for x in d.get("gaps", [])]
+
+    def save(self) -> None:
+        d = {"branches": [asdict(x) for x in self.branches], "rollouts": [asdict(x) for x in self.rollouts],
+             "gaps": [asdict(x) for x in self.gaps]}
+        write_atomic(self.path, json.dumps(d, indent=2))
+
+    def label_branch(self, label: BranchLabel) -> None:
+        """Adds (or replaces: the latest verdict on a version wins) a branch label, and saves."""
+        self.branches = [b for b in self.branches if b.path != label.path] + [label]
+        self.save()
+
+    def label_rollouts(self, labels: Sequence[RolloutLabel]) -> None:
+        keys = {(x.path, x.split, x.index) for x in labels}
+        self.rollouts = [x for x in self.rollouts if (x.path, x.split, x.index) not in keys] + list(labels)
+        self.save()
+
+    def record_gap(self, gap: DiagnosticGap) -> None:
+        self.gaps.append(gap)
+        self.save()
+
+    def cases(self, max_rollout_cases: int = 200) -> list[LabelledCase]:
+        """Labels materialised from their version dirs (labels whose dir is gone are skipped). Every
+        branch label is used; rollout labels are capped (a seeded sample, half invalid and half valid
+        where there are enough) because each case costs a few sandbox round trips."""
+        from evotrainer.branch import VersionDir
+
+        out, cache = [], {}
+
+        def rollouts(path: str, split: str) -> list[Rollout]:
+            if (path, split) not in cache:
+                cache[path, split] = VersionDir(path).rollouts(split) if Path(path).is_dir() else []
+            return cache[path, split]
+
+        for b in self.branches:
+            rs = rollouts(b.path, "train")
+            if rs:
+                out.append(LabelledCase(f"branch {b.path}", rs, b.invalid, "; ".join(b.reasons)))
+        half = max_rollout_cases // 2
+        bad = [x for x in self.rollouts if x.invalid]
+        good = [x for x in self.rollouts if not x.invalid]
+        rng = random.Random(0)
+        n_bad = min(len(bad), max(half, max_rollout_cases - len(good)))
+        picked = rng.sample(bad, n_bad) + rng.sample(good, min(len(good), max_rollout_cases - n_bad))
+        for x in picked:
+            rs = rollouts(x.path, x.split)
+            if 0 <= x.index < len(rs):
+                out.append(LabelledCase(f"rollout {x.path}:{x.split}:{x.index}", [rs[x.index]], x.invalid, x.reason))
+        return out
+
+
+# ---- scoring ---------------------------------------------------------------------------------------
+@dataclass
+class HookScore:
+    recall: float | None            # flagged invalid / invalid (None: no invalid case)
+    fpr: float | None               # flagged valid / valid (None: no valid case)
+    flagged_invalid: int
+    invalid: int
+    flagged_valid: int
+    valid: int
+    missed: list[str] = field(default_factory=list)       # invalid cases not flagged
+    false_alarms: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DiagnosticsScore:
+    validity: HookScore
+    alerts: HookScore               # "flagged" = at least one critical alert
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _score(flags: list[bool], cases: Sequence[LabelledCase]) -> HookScore:
+    inv = [(f, c) for f, c in zip(flags, cases) if c.invalid]
+    val = [(f, c) for f, c in zip(flags, cases) if not c.invalid]
+    fi, fv = sum(f for f, _ in inv), sum(f for f, _ in val)
+    return HookScore(recall=fi / len(inv) if inv else None, fpr=fv / len(val) if val else None,
+                     flagged_invalid=fi, invalid=len(inv), flagged_valid=fv, valid=len(val),
+                     missed=[c.name for f, c in inv if not f][:20], false_alarms=[c.name for f, c in val if f][:20])
+
+
+def score_diagnostics(harness: Harness, cases: Sequence[LabelledCase]) -> DiagnosticsScore:
+    """Runs the harness's metrics → validity/alerts on each case alone (in its sandbox) and scores
+    the flags against the labels. A hook that fails on a case counts as not flagging it."""
+    vflags, aflags, errors = [], [], []
+    for case in cases:
+        try:
+            m = harness.metrics(case.rollouts, group_rollouts(case.rollouts))
+            vflags.append(bool(harness.validity(case.rollouts, m, [])))
+            aflags.append(any(a["severity"] == "critical" for a in harness.alerts(m, [])))
+        except Exception as e:  # noqa: BLE001 - a diagnostic that crashes flags nothing
+            errors.append(f"{case.name}: {type(e).__name__}: {e}")
+            vflags.append(False)
+            aflags.append(False)
+    return DiagnosticsScore(_score(vflags, cases), _score(aflags, cases), errors[:20])

@@ -1,0 +1,141 @@
+"""Gates on constructed versions: better child promoted, tie refused, invalid child never promoted,
+gaps recorded, unpaired results refused, tampered caches caught.
+
+The versions are written by hand (no model) so that held-out scores are exactly what each test
+needs; the child's own validity hook still runs in the real sandbox.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from evotrainer.fitness.cache import write_version
+from evotrainer.fitness.gates import GateConfig, gate
+from evotrainer.fitness.labels import LabelStore
+from evotrainer.fitness.planted import LEAK_CHECK
+from evotrainer.rollout import Rollout
+
+FLAGS_EVERYTHING = '''
+def validity(rollouts, metrics, history):
+    return [{"name": "always", "message": "this harness flags every branch"}]
+'''
+N = 16
+
+
+def heldout(correct_ids, seeds=(0,), n=N):
+    return [Rollout(task_id=f"h{i}", messages=[{"role": "user", "content": "q"}], completion="c", seed=s,
+                    step=-1, split="heldout", visible={"format_ok": True},
+                    hidden={"correct": i in correct_ids, "format_ok": True}) for s in seeds for i in range(n)]
+
+
+def train(correct_share=0.25, note=False, copy=False, n=16):
+    """Honest-looking train rollouts (correctness ~ held-out), optionally with leaked notes that are copied."""
+    out = []
+    for i in range(n):
+        leaked = note and i % 2 == 0
+        prompt = "What is 3+4?" + (" (Reference note: 7)" if leaked else "")
+        right = (leaked and copy) or (not leaked and i % 4 == 0 and correct_share > 0)
+        out.append(Rollout(task_id=f"t{i // 2}", messages=[{"role": "user", "content": prompt}],
+                           completion="Answer: 7" if right else "Answer: 5", step=0, group=i // 2,
+                           visible={"correct": right, "format_ok": True}, reward=float(right), advantage=0.0))
+    return out
+
+
+@pytest.fixture
+def parent(tmp_path):
+    return write_version(tmp_path / "parent", train(), heldout(range(0, N, 4)))   # 4/16 correct
+
+
+def test_clearly_better_child_is_promoted(tmp_path, parent):
+    child = write_version(tmp_path / "child", train(), heldout(range(12)))       # 12/16, a superset
+    d = gate(child, parent)
+    assert d.valid and d.promote, d.reasons
+    assert d.paired["ci_low"] > 0 and d.paired["n_tasks"] == N and d.paired["mean_delta"] == pytest.approx(0.5)
+    assert "promoted" in d.reasons[-1] and "CI" in d.reasons[-1]
+
+
+def test_tied_child_is_refused(tmp_path, parent):
+    child = write_version(tmp_path / "child", train(), heldout(range(0, N, 4)))
+    d = gate(child, parent)
+    assert d.valid and not d.promote and "refused" in d.paired["reason"]
+
+
+def test_invalid_child_is_never_promoted_and_reasons_are_recorded(tmp_path, parent):
+    child = write_version(tmp_path / "child", train(), heldout(range(12)), genome=FLAGS_EVERYTHING)
+    d = gate(child, parent)
+    assert d.paired["promote"] and not d.valid and not d.promote    # better by the numbers, still blocked
+    assert any("harness validity always" in r for r in d.reasons)
+    assert "INVALID" in d.to_markdown()
+
+
+def test_engine_leak_check_blocks_and_records_a_gap_when_the_harness_is_silent(tmp_path, parent):
+    store = LabelStore(tmp_path / "labels.json")
+    child = write_version(tmp_path / "child", train(note=True, copy=True), heldout(range(12)))
+    d = gate(child, parent, labels=store)
+    failed = {c.name for c in d.checks if not c.passed}
+    assert not d.promote and "leak_used" in failed and d.gap is not None
+    saved = json.loads((tmp_path / "labels.json").read_text())
+    assert "leak_used" in saved["gaps"][0]["engine_checks"] and saved["branches"][0]["invalid"]
+    marks = {(x["index"], x["invalid"]) for x in saved["rollouts"]}
+    assert marks == {(i, i % 2 == 0) for i in range(16)}       # exactly the copied-note rollouts
+    # The same branch under a harness whose validity catches the copying: invalid, but no gap.
+    store2 = LabelStore(tmp_path / "labels2.json")
+    child2 = write_version(tmp_path / "child2", train(note=True, copy=True), heldout(range(12)),
+                           genome=LEAK_CHECK.read_text())
+    d2 = gate(child2, parent, labels=store2)
+    assert not d2.valid and d2.gap is None and not store2.gaps
+    assert any("copies_reference_note" in r for r in d2.reasons)
+
+
+def test_leak_present_but_not_used_is_valid(tmp_path, parent):
+    child = write_version(tmp_path / "child", train(note=True, copy=False), heldout(range(0, N, 4)))
+    d = gate(child, parent)
+    assert d.valid, d.reasons
+
+
+def test_divergence_between_training_and_heldout_is_invalid(tmp_path, parent):
+    rs = train()
+    for r in rs:   # training says almost everything is right; held-out says 1 in 4
+        r.visible["correct"], r.reward = True, 1.0
+    child = write_version(tmp_path / "child", rs, heldout(range(0, N, 4)))
+    d = gate(child, parent)
+    failed = {c.name for c in d.checks if not c.passed}
+    assert failed == {"train_heldout_divergence", "reward_heldout_divergence"} and not d.promote
+
+
+def test_different_seeds_are_not_paired(tmp_path, parent):
+    child = write_version(tmp_path / "child", train(), heldout(range(12), seeds=(1,)))
+    d = gate(child, parent)
+    assert not d.promote and "same seeds" in d.paired["reason"]
+
+
+def test_several_seeds_per_task(tmp_path):
+    parent = write_version(tmp_path / "p", train(), heldout(range(0, N, 4), seeds=(0, 1, 2)))
+    child = write_version(tmp_path / "c", train(), heldout(range(12), seeds=(0, 1, 2)))
+    d = gate(child, parent, GateConfig(n_resamples=2000))
+    assert d.promote and d.paired["n_seeds"] == 3
+
+
+def test_missing_heldout_verification_is_invalid(tmp_path, parent):
+    hs = heldout(range(12))
+    hs[0].hidden = {}
+    d = gate(write_version(tmp_path / "child", train(), hs), parent)
+    assert not d.valid and any("heldout_verified" in r for r in d.reasons)
+
+
+def test_tampered_cache_is_caught(tmp_path):
+    """A real version dir (with config.json, so the domain is rebuilt) whose held-out verdict was edited."""
+    from evotrainer.fitness.planted import planted_leak_scenario
+
+    src = planted_leak_scenario()["honest"]
+    dst = tmp_path / "tampered"
+    shutil.copytree(src, dst)
+    lines = (dst / "rollouts" / "heldout.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first["hidden"]["correct"] = not first["hidden"]["correct"]
+    (dst / "rollouts" / "heldout.jsonl").write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    assert all(c.passed for c in gate(src).checks)
+    d = gate(dst)
+    tamper = next(c for c in d.checks if c.name == "tamper")
+    assert not tamper.passed and tamper.numbers["mismatches"] == 1 and not d.promote

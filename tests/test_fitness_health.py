@@ -1,0 +1,116 @@
+"""Health reports on real version dirs written by ``train_branch`` on the tiny model, and the report command.
+
+The dirs come from the planted-leak scenario (built once per test process, shared read-only); the
+``honest`` one is a plain ``train_branch`` run of the reference harness.
+"""
+
+import argparse
+import json
+
+import pytest
+
+from evotrainer.branch import VersionDir
+from evotrainer.collect import accuracy
+from evotrainer.fitness.cache import write_version
+from evotrainer.fitness.commands import register
+from evotrainer.fitness.health import SEVERITY_RANK, health_report, outcome_flow
+from evotrainer.fitness.planted import planted_leak_scenario
+from evotrainer.rollout import Rollout, group_rollouts
+
+
+@pytest.fixture(scope="module")
+def dirs():
+    return planted_leak_scenario()
+
+
+def test_report_of_a_trained_version(dirs):
+    v = VersionDir(dirs["honest"])
+    train, held, base = v.rollouts("train"), v.rollouts("heldout"), v.rollouts("heldout_base")
+    r = health_report(dirs["honest"])
+    e = r.engine
+    # Engine numbers are the cache's own: recomputed here independently.
+    assert e["heldout_accuracy"] == accuracy(held) == v.meta().metrics["heldout_accuracy"]
+    assert e["heldout_accuracy_base"] == accuracy(base)
+    assert e["train_rollouts"] == len(train) == 24 and e["train_steps"] == 3
+    groups = group_rollouts(train)
+    dead = sum(len({x.reward for x in g.rollouts}) == 1 for g in groups) / len(groups)
+    assert e["dead_group_ratio"] == pytest.approx(dead)
+    assert e["truncation_rate"] == pytest.approx(sum(x.truncated for x in train) / len(train))
+    tokens = sum(len(x.logprobs) for x in train)
+    assert e["mean_logprob"] == pytest.approx(sum(sum(x.logprobs) for x in train) / tokens)
+    assert e["leaked_rollouts"] > 0 and e["leak_p_value"] is not None       # the domain was rebuilt
+    # The harness's diagnostics ran in the sandbox on the cache: the reference harness's metric names.
+    assert {"reward_mean", "dead_group_ratio", "reward_spread"} <= set(r.harness_metrics) and not r.errors
+    assert len(r.history) == 0    # 3 steps, window 3: everything is "current"
+    # Outcome flow base -> after covers every held-out (task, seed) once.
+    f = r.flow
+    assert f["fixed"] + f["broken"] + f["kept_correct"] + f["kept_wrong"] == len(held) and f["unpaired"] == 0
+    # Alerts: most severe first, each with its suggested intervention.
+    ranks = [SEVERITY_RANK[a["severity"]] for a in r.alerts]
+    assert ranks == sorted(ranks) and r.alerts and all(a["suggestion"] for a in r.alerts)
+    d = json.loads(r.to_json())
+    assert d["metrics"]["heldout_accuracy"] == e["heldout_accuracy"] and d["alerts"] == r.alerts
+    md = r.to_markdown()
+    assert md.index("## Alerts") < md.index("## Validity") and "suggested intervention:" in md
+
+
+def test_history_and_current_window(dirs):
+    r = health_report(dirs["honest"], window=1)
+    assert len(r.history) == 2 and r.harness_metrics["num_rollouts"] == 8    # steps 0-1 history, 2 current
+
+
+def test_broken_genome_still_gets_a_report(tmp_path, dirs):
+    v = VersionDir(dirs["honest"])
+    bad = 'def metrics(rollouts, groups):\n    return {"x": float("nan")}\n'
+    path = write_version(tmp_path / "v", v.rollouts("train"), v.rollouts("heldout"), genome=bad)
+    r = health_report(path)
+    assert r.errors and "metrics" in r.errors[0] and r.engine["heldout_accuracy"] is not None
+    assert "Harness errors" in r.to_markdown()
+
+
+def test_outcome_flow_counts():
+    def ro(task, seed, ok):
+        return Rollout(task_id=task, messages=[], completion="", seed=seed, split="heldout", hidden={"correct": ok})
+    before = [ro("a", 0, False), ro("b", 0, True), ro("c", 0, True), ro("d", 0, False), ro("e", 0, True)]
+    after = [ro("a", 0, True), ro("b", 0, False), ro("c", 0, True), ro("d", 0, False), ro("e", 1, True)]
+    f = outcome_flow(before, after)
+    assert (f["fixed"], f["broken"], f["kept_correct"], f["kept_wrong"], f["unpaired"]) == (1, 1, 1, 1, 2)
+    assert f["fixed_tasks"] == ["a"] and f["broken_tasks"] == ["b"]
+
+
+def test_report_command(dirs, capsys):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+
+    def run(*argv):
+        args = parser.parse_args(list(argv))
+        return args.func(args)
+
+    assert run("report", str(dirs["leaky"])) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# Health report") and "leak_used" in out
+    assert run("report", str(dirs["leaky"]), "--json", "--compare", str(dirs["honest"])) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["flow"]["before"] == "honest" and d["engine"]["leak_copy_rate"] > 0.5
+    assert run("report", "/nonexistent") == 2
+
+
+def test_cli_plugs_the_fitness_commands():
+    """The lead wires evotrainer.fitness.commands into cli.PLUGGED; until then this is skipped."""
+    from evotrainer import cli
+
+    if "evotrainer.fitness.commands" not in cli.PLUGGED:
+        pytest.skip("evotrainer.fitness.commands is not in cli.PLUGGED yet")
+    sub = cli.build_parser()._subparsers._group_actions[0].choices
+    assert {"report", "backtest", "gate"} <= set(sub)
+
+
+def test_commands_work_through_the_cli_once_plugged(dirs, monkeypatch, capsys):
+    from evotrainer import cli
+
+    if "evotrainer.fitness.commands" not in cli.PLUGGED:
+        monkeypatch.setattr(cli, "PLUGGED", cli.PLUGGED + ("evotrainer.fitness.commands",))
+    assert cli.main(["report", str(dirs["honest"]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["engine"]["train_rollouts"] == 24
+    assert cli.main(["gate", str(dirs["leaky"]), "--parent", str(dirs["honest"])]) == 1
+    assert "INVALID" in capsys.readouterr().out
