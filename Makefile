@@ -22,4 +22,5 @@ demo: $(STAMP)
 	$(VENV)/bin/evotrainer train examples/train_math.yaml
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check evotrainer tests benchmarks
 	$(PY) -m pytest -q

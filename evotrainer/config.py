@@ -8,7 +8,7 @@ allowed ones instead of being silently ignored. ``load_config`` turns pydantic's
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError

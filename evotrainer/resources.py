@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table

@@ -20,7 +20,6 @@ import contextlib
 import copy
 import hashlib
 import json
-import math
 import operator
 import os
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.branch import write_atomic
+from evotrainer.numeric import finite_or_none as _finite
 
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
        "!=": operator.ne}
@@ -41,13 +41,6 @@ FORMAT = 1
 def user_library_path() -> Path:
     return Path(os.environ.get("EVOTRAINER_HOME") or "~/.evotrainer").expanduser() / "skills.json"
 
-
-def _finite(x: Any) -> float | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def holds(condition: dict[str, Any], metrics: dict[str, Any]) -> bool:

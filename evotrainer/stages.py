@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evotrainer.branch import BranchVersion, VersionDir, write_atomic
+from evotrainer.branch import BranchVersion, write_atomic
 from evotrainer.collect import sample_tasks, verify
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness

@@ -25,6 +25,7 @@ from evotrainer.branch import BranchVersion, VersionDir
 from evotrainer.domains.task import Task
 from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.rollout import Group, Rollout, group_rollouts
+from evotrainer.numeric import finite_or_none  # noqa: F401 - re-exported for fitness modules
 
 log = logging.getLogger(__name__)
 DEAD_STD = 1e-6                      # a group whose reward std is below this carries no signal
@@ -57,13 +58,6 @@ def percentile(xs: Sequence[float], q: float) -> float:
 def is_dead(rewards: Sequence[float]) -> bool:
     return pstd(rewards) < DEAD_STD
 
-
-def finite_or_none(x: Any) -> float | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def outcome(r: Rollout) -> bool:

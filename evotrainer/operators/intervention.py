@@ -10,9 +10,9 @@ training). It is plain data: ``to_dict``/``from_dict`` round-trip through JSON.
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from evotrainer.numeric import finite_or_none as _finite
 
 # "<", ">", "<=", ">=" compare the metric after the change with ``value``;
 # "delta<", "delta>" compare the change (after - before) with ``value``.
@@ -66,13 +66,6 @@ class ExpectedEffect:
     def from_dict(cls, d: dict[str, Any]) -> ExpectedEffect:
         return cls(metric=str(d["metric"]), op=str(d["op"]), value=float(d["value"]))
 
-
-def _finite(x: Any) -> float | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def unified_diff(parent_source: str, child_source: str, parent_name: str = "parent", child_name: str = "child") -> str:
