@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -144,3 +145,26 @@ def test_resume_after_kill_9_at_several_points(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     state, metas = check_invariants(run_dir)
     assert state.status == "finished" and state.generation == 3
+
+
+def test_a_config_uses_a_user_operator_installed_by_entry_point(tmp_path, monkeypatch):
+    """examples/custom_operator's entry point, installed as pip would, selected by name in a config."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    example = root / "examples" / "custom_operator"
+    eps = tomllib.loads((example / "pyproject.toml").read_text())["project"]["entry-points"]["evotrainer.operators"]
+    dist = tmp_path / "site" / "evotrainer_double_lr-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: evotrainer-double-lr\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[evotrainer.operators]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(str(example))
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg(run_dir, generations=2, children_per_generation=1, operators={"double_lr": 1.0})
+    state = Experiment(parse_config(cfg)).run()
+    assert state.status == "finished"
+    _, metas = check_invariants(run_dir)
+    children = [m for m in metas.values() if m.operator]
+    assert [c.operator for c in children] == ["double_lr"] and children[0].factor == "knob:learning_rate"
+    monkeypatch.delitem(sys.modules, "double_lr", raising=False)
