@@ -132,3 +132,18 @@ def test_trainer_learns_to_emit_a_target_token(policy):
         tr.step(_rollouts(outs, G), group_advantages(rewards, "group").flatten().tolist())
     assert means[0] < 0.4, means
     assert max(means[-4:]) >= 0.8, means
+
+
+def test_engine_runs_the_bare_base_model_before_any_branch_exists():
+    model, tok = load_base_model("tiny-random", seed=0)
+    outs = TransformersEngine(Policy(model, tok)).generate(PROMPTS[:2], SamplingParams(max_new_tokens=4), None)
+    assert len(outs) == 2 and all(1 <= len(o.completion_ids) <= 4 for o in outs)
+
+
+def test_converted_embedded_model_carries_no_stale_gguf_quantization_mark():
+    import json
+
+    from evotrainer.policy.base_model import embedded_model_dir
+
+    cfg = json.loads((embedded_model_dir() / "config.json").read_text())
+    assert "quantization_config" not in cfg  # else trainers refuse to train the dequantised weights

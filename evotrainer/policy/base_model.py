@@ -9,6 +9,7 @@ peft and vLLM then use that folder like any Hugging Face checkpoint.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -58,6 +59,7 @@ def embedded_model_dir() -> Path:
     """The embedded model as a safetensors folder, converted from GGUF on first use."""
     target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
     if (target / "model.safetensors").is_file() and (target / "tokenizer_config.json").is_file():
+        _drop_gguf_mark(target)
         return target
     gguf = embedded_gguf_path()
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -73,12 +75,22 @@ def embedded_model_dir() -> Path:
     try:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        _drop_gguf_mark(tmp)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _drop_gguf_mark(folder: Path) -> None:
+    """The weights are dequantised plain tensors, but the config inherits ``quantization_config:
+    gguf`` from the GGUF load; trainers (TRL) then refuse to train it. Remove the stale mark."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    if cfg.pop("quantization_config", None) is not None:
+        path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def tiny_config(vocab_size: int, **overrides) -> AutoConfig:

@@ -76,8 +76,11 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                     temperature: float = 1.0) -> torch.Tensor:
     """log π(token_t | tokens_<t) for the last ``logits_to_keep`` tokens, logits / temperature."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    logits = logits[:, -logits_to_keep - 1:-1, :].float() / temperature
+    # Only the completion positions need the 49k-vocab head: ask the model for those logits alone.
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
+    logits = logits[:, :-1, :].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     targets = input_ids[:, -logits_to_keep:]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 

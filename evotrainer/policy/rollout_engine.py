@@ -99,15 +99,15 @@ class TransformersEngine:
     ) -> list[Completion]:
         encoded = self.encode(prompts)
         out: list[Completion] = []
-        with self.policy.adapter(adapter):
+        with self.policy.adapter(adapter) as model:
             for start in range(0, len(encoded), self.batch_size):
                 # Seed per batch from (seed, batch index): same seed and batch → same tokens.
                 torch.manual_seed(params.seed * 1_000_003 + start)
-                out.extend(self._generate_batch(encoded[start:start + self.batch_size], params))
+                out.extend(self._generate_batch(model, encoded[start:start + self.batch_size], params))
         return out
 
-    def _generate_batch(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
-        tok, model = self.tokenizer, self.policy.model
+    def _generate_batch(self, model, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+        tok = self.tokenizer
         pad = tok.pad_token_id
         width = max(len(p) for p in prompt_ids)
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=model.device)
