@@ -72,6 +72,9 @@ class Experiment(Resources):
                 self.run_generation()
         except BudgetReached as e:
             s.status, s.stop_reason = "stopped", str(e)
+            for vid in s.live:  # proposed but never trained: keep the record, mark why
+                if self.vdir(vid).meta().status in ("pending", "awaiting_approval"):
+                    self.budget_left(vid)
             self.say(f"budget reached: {e}; stopping cleanly")
         if s.status == "running":
             s.status = "finished"
@@ -84,7 +87,8 @@ class Experiment(Resources):
         if s.stage == "train":
             self.progress.stage(f"gen {g}/{self.cfg.evolution.generations - 1} train", len(s.live))
             for vid in s.live:
-                self.guard()
+                if self.vdir(vid).meta().status == "pending" and not self.budget_left(vid):
+                    continue
                 self.say(f"gen {g}: training {vid}")
                 train_version(self, vid)
                 self.save()
@@ -118,6 +122,8 @@ class Experiment(Resources):
             s.live = []
             self.advance("propose")
         if s.stage == "propose":
+            if s.stop_reason:  # a budget ran out during this generation: it was finished, now stop
+                raise BudgetReached(s.stop_reason)
             if g + 1 < self.cfg.evolution.generations:
                 self.continue_survivors(g + 1)
                 propose_children(self, s.survivors, g + 1)
@@ -126,6 +132,22 @@ class Experiment(Resources):
                 s.status = "paused"
                 self.say("human gate: approve or reject the proposed children, then `evotrainer resume`")
             self.save()
+
+    def budget_left(self, vid: str) -> bool:
+        """False (and the version pruned, reason recorded) once a budget is spent: the generation then
+        verifies, gates and records what it trained, and the run stops at its end."""
+        try:
+            self.guard()
+            return True
+        except BudgetReached as e:
+            self.state.stop_reason = str(e)
+            vd = self.vdir(vid)
+            meta = vd.meta()
+            meta.status, meta.decision = "pruned", {"reasons": [f"not trained: {e}"]}
+            vd.save_meta(meta)
+            self.record(vid)
+            self.say(f"{vid} not trained: {e}")
+            return False
 
     def continue_survivors(self, generation: int) -> None:
         """Each survivor goes on under its own harness: the control its children are paired against."""

@@ -107,7 +107,7 @@ def register(sub) -> None:
     p.add_argument("--run-dir", help="override run_dir")
     p.add_argument("--resume", action="store_true", help="continue if the run dir already holds this run")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("resume", help="continue a run (after a crash, kill -9, a budget raise or a human gate)")
+    p = sub.add_parser("resume", help="continue a run (after a crash, kill -9 or a human gate)")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_resume)
     p = sub.add_parser("status", help="show a live or finished run")

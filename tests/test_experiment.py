@@ -168,3 +168,14 @@ def test_a_config_uses_a_user_operator_installed_by_entry_point(tmp_path, monkey
     children = [m for m in metas.values() if m.operator]
     assert [c.operator for c in children] == ["double_lr"] and children[0].factor == "knob:learning_rate"
     monkeypatch.delitem(sys.modules, "double_lr", raising=False)
+
+
+def test_budget_mid_generation_finishes_the_generation_then_stops(tmp_path):
+    run_dir = tmp_path / "run"
+    state = Experiment(parse_config(tiny_cfg(run_dir, budget={"train_steps": 2}))).run()
+    _, metas = check_invariants(run_dir)
+    trained = [m for m in metas.values() if m.metrics.get("heldout_accuracy") is not None]
+    untrained = [m for m in metas.values() if m.status == "pruned" and "not trained" in str(m.decision)]
+    assert len(trained) == 2 and untrained, {v: m.status for v, m in metas.items()}
+    assert all(m.status in ("kept", "promoted", "rejected", "invalid", "pruned") for m in trained)
+    assert state.status == "stopped"
