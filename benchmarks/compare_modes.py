@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=12, help="training-step budget of every run")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--steps-per-generation", type=int, default=None)
+    ap.add_argument("--eval-size", type=int, default=None, help="held-out tasks verified per version")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--out", default=None, help="keep run dirs here (default: a temp dir)")
     ap.add_argument("--json", default=None)
@@ -68,6 +70,10 @@ def main() -> None:
                 cfg.evolution.population_size = 1
             if args.model:
                 cfg.model = args.model
+            if args.steps_per_generation:
+                cfg.evolution.steps_per_generation = args.steps_per_generation
+            if args.eval_size:
+                cfg.train.eval_size = args.eval_size
             cfg.run_dir = str(root / f"{mode}-s{seed}")
             exp = Experiment(cfg)
             exp.run()
