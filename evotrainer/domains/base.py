@@ -8,23 +8,26 @@ engine's decision by split (train: visible; heldout/test: stored as the rollout'
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
 from evotrainer.domains.task import SPLITS, Task
 
 
-class Domain:
+class Domain(ABC):
     """Base class of task domains (math, code, swe). Subclasses set ``name`` and implement
     ``tasks`` and ``verify``; ``verify_batch`` loops by default and may be overridden."""
 
     name: str = "domain"
 
+    @abstractmethod
     def tasks(self, split: str) -> list[Task]:
-        raise NotImplementedError
+        """The tasks of one split."""
 
+    @abstractmethod
     def verify(self, task: Task, completion: str) -> dict[str, Any]:
-        raise NotImplementedError
+        """The verifier's verdict on one completion: correct, format_ok, extracted, ..."""
 
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[dict[str, Any]]:
         if len(tasks) != len(completions):
