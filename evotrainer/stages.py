@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 from evotrainer.branch import BranchVersion, write_atomic
@@ -165,11 +164,6 @@ def new_version(exp, parent: BranchVersion | None, source: str, generation: int,
         status=status, generation=generation, operator=operator, factor=factor, knobs=program.knob_values,
     ))
     return vid
-
-
-def copy_file(src: Path, dst: Path) -> None:
-    if src.is_file():
-        write_atomic(dst, src.read_text())
 
 
 def propose_children(exp, survivors: list[str], generation: int) -> None:
