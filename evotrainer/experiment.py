@@ -78,8 +78,8 @@ class Experiment(Resources):
             self.say(f"budget reached: {e}; stopping cleanly")
         if s.status == "running":
             s.status = "finished"
-        self.save()
         self.finish()
+        self.save()   # after finish, so the wall time (and its share for lineage and plots) is recorded
         return s
 
     def run_generation(self) -> None:

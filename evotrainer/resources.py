@@ -6,8 +6,10 @@ bookkeeping left never loads a model.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import time
 
 from rich.console import Console
 from rich.table import Table
@@ -37,12 +39,14 @@ class Resources:
 
     @functools.cached_property
     def policy(self):
-        from evotrainer.policy.base_model import load_base_model
-        from evotrainer.policy.lora import LoraSettings, Policy
+        with self.timed("load"):
+            from evotrainer.policy.base_model import load_base_model
+            from evotrainer.policy.lora import LoraSettings, Policy
 
-        model, tok = load_base_model(self.cfg.model, dtype=self.cfg.dtype, device=self.cfg.device, seed=self.cfg.seed)
-        policy = Policy(model, tok, LoraSettings(**self.cfg.lora.model_dump()))
-        policy.create("_scratch")  # keeps the PeftModel alive while branches come and go
+            model, tok = load_base_model(self.cfg.model, dtype=self.cfg.dtype, device=self.cfg.device,
+                                         seed=self.cfg.seed)
+            policy = Policy(model, tok, LoraSettings(**self.cfg.lora.model_dump()))
+            policy.create("_scratch")  # keeps the PeftModel alive while branches come and go
         return policy
 
     @functools.cached_property
@@ -53,18 +57,20 @@ class Resources:
 
     def load_adapter(self, vid: str) -> None:
         """Loads a version's adapter (or a fresh one for a seed with none) under its id."""
-        if vid in self.policy.branches:
+        if vid in self.policy.branches:  # (the first use loads the model, timed as "load", not here)
             return
         vd = self.vdir(vid)
-        if (vd.adapter_dir / "adapter_config.json").is_file():
-            self.policy.load(vid, vd.adapter_dir)
-        else:
-            self.policy.create(vid)
+        with self.timed("adapter"):
+            if (vd.adapter_dir / "adapter_config.json").is_file():
+                self.policy.load(vid, vd.adapter_dir)
+            else:
+                self.policy.create(vid)
 
     def unload_adapter(self, vid: str) -> None:
         if vid in self.policy.branches:
-            self.policy.model.set_adapter("_scratch")
-            self.policy.remove(vid)
+            with self.timed("adapter"):
+                self.policy.model.set_adapter("_scratch")
+                self.policy.remove(vid)
 
     # ---- operators, labels, skills, lineage --------------------------------------------------
     @functools.cached_property
@@ -125,7 +131,8 @@ class Resources:
 
     def record(self, vid: str) -> None:
         """MLflow run of a version (idempotent: keyed by version id, so resume makes no duplicates)."""
-        self.tracker.record(self.vdir(vid).path)
+        with self.timed("record"):
+            self.tracker.record(self.vdir(vid).path)
 
     def evidence_for(self, vid: str):
         from evotrainer.operators.base import Evidence
@@ -159,6 +166,15 @@ class Resources:
                                          version=meta.id, parent=control)
 
     # ---- budgets -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def timed(self, key: str):
+        """Adds the block's wall seconds to ``budget_used[key_seconds]``: where a run's time went."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spend(**{f"{key}_seconds": time.perf_counter() - t0})
+
     def spend(self, **amounts: float) -> None:
         for k, v in amounts.items():
             self.state.budget_used[k] = self.state.budget_used.get(k, 0) + v
@@ -175,8 +191,9 @@ class Resources:
     # ---- the end of a run ----------------------------------------------------------------------
     def finish(self) -> None:
         try:
-            self.tracker.record_all()  # idempotent sweep: every version has its run, statuses current
-            self.tracker.log_plots()
+            with self.timed("finish"):
+                self.tracker.record_all()  # idempotent sweep: every version has its run, statuses current
+                self.tracker.log_plots()
         except Exception as e:  # noqa: BLE001 - a plot failure must not lose a finished run
             self.say(f"could not log plots: {e}")
         if self.cfg.evolution.user_skills:

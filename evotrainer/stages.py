@@ -60,16 +60,17 @@ def train_version(exp, vid: str) -> None:
         vd.save_meta(meta)
         exp.unload_adapter(vid)
         return
-    tmp = vd.path / "adapter.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    exp.policy.save(vid, tmp)
-    shutil.rmtree(vd.adapter_dir, ignore_errors=True)
-    tmp.rename(vd.adapter_dir)
+    with exp.timed("adapter"):
+        tmp = vd.path / "adapter.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        exp.policy.save(vid, tmp)
+        shutil.rmtree(vd.adapter_dir, ignore_errors=True)
+        tmp.rename(vd.adapter_dir)
     vd.save_rollouts("train", rollouts)
     meta.metrics.update(train_seconds=time.perf_counter() - t0)
     meta.status = "trained"
     vd.save_meta(meta)
-    exp.unload_adapter(vid)
+    # The adapter stays loaded: verification comes next and would otherwise read it back from disk.
 
 
 def verify_version(exp, vid: str) -> None:
@@ -91,9 +92,10 @@ def verify_version(exp, vid: str) -> None:
     exp.spend(rollout_tokens=sum(r.num_tokens for r in heldout), verify_seconds=verify_seconds)
     vd.save_rollouts("heldout", heldout)
     parent_dir = exp.vdir(meta.parents[0]).path if meta.parents and exp.vdir(meta.parents[0]).path.exists() else None
-    report = health_report(vd.path, compare=parent_dir)
-    write_atomic(vd.path / "health.json", report.to_json())
-    write_atomic(vd.path / "health.md", report.to_markdown())
+    with exp.timed("health"):
+        report = health_report(vd.path, compare=parent_dir)
+        write_atomic(vd.path / "health.json", report.to_json())
+        write_atomic(vd.path / "health.md", report.to_markdown())
     train = vd.rollouts("train")
     meta.metrics.update(
         heldout_accuracy=sum(bool(r.hidden.get("correct")) for r in heldout) / max(1, len(heldout)),
@@ -126,7 +128,8 @@ def gate_version(exp, vid: str) -> None:
     gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
     is_child = meta.operator is not None
     control = control_of(exp, meta) if is_child else None
-    decision = gate(vd.path, exp.vdir(control).path if control else None, gcfg, labels=exp.labels)
+    with exp.timed("gate"):
+        decision = gate(vd.path, exp.vdir(control).path if control else None, gcfg, labels=exp.labels)
     meta.decision = decision.to_dict()
     meta.violations = [{"name": "gate", "message": r} for r in decision.reasons
                        if r.startswith(("engine check", "harness validity"))]

@@ -80,6 +80,12 @@ def test_loop_runs_gates_and_records(tmp_path):
         assert len(json.loads((exp.vdir(c.id).path / "intervention.json").read_text())["factors"]) == 1
     assert state.budget_used["train_steps"] == sum(1 for m in metas.values() if m.status != "pending")
     assert (run_dir / "plots").is_dir()
+    # Where the wall time went is recorded, and the parts fit inside it (the overhead benchmark reads them).
+    used = state.budget_used
+    parts = [k for k in used if k.endswith("_seconds")]
+    assert {"load_seconds", "adapter_seconds", "gen_seconds", "train_seconds", "verify_seconds", "health_seconds",
+            "gate_seconds", "record_seconds", "finish_seconds"} <= set(parts)
+    assert 0 < sum(used[k] for k in parts) <= used["wall_time_s"] + 1e-6
     exp.print_summary()
 
 

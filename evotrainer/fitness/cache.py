@@ -137,11 +137,22 @@ def _domain_of(path: Path) -> tuple[Any, dict[str, Task]]:
         cfg_path = path.resolve().parent.parent / "config.json"
     if not cfg_path.is_file():
         return None, {}
+    text = cfg_path.read_text()
+    if text not in _DOMAINS:  # every version of a run shares one config: build its tasks once
+        _DOMAINS.clear()
+        _DOMAINS[text] = _build_domain(text, cfg_path, path)
+    return _DOMAINS[text]
+
+
+_DOMAINS: dict[str, tuple[Any, dict[str, Task]]] = {}
+
+
+def _build_domain(text: str, cfg_path: Path, path: Path) -> tuple[Any, dict[str, Task]]:
     from evotrainer.config import parse_config
     from evotrainer.domains import get_domain
 
     try:
-        d = parse_config(json.loads(cfg_path.read_text()), str(cfg_path)).domain
+        d = parse_config(json.loads(text), str(cfg_path)).domain
         domain = get_domain(d.name, n_train=d.n_train, n_heldout=d.n_heldout, n_test=d.n_test,
                             difficulty=d.difficulty, seed=d.seed, leak_share=d.leak_share, files=d.files)
     except (ValueError, OSError) as e:  # e.g. task files moved: judge from the cache alone

@@ -45,6 +45,7 @@ class Policy:
         self.base_model = model
         self.model: PeftModel | None = None
         self.branches: list[str] = []
+        self._base_probe: torch.Tensor | None = None
 
     # ---- creating, saving, loading, forking -------------------------------------------------
     def create(self, name: str) -> None:
@@ -119,7 +120,9 @@ class Policy:
 
     # ---- the adapter-applied check -----------------------------------------------------------
     def is_zero(self, name: str) -> bool:
-        return all(float(p.detach().abs().max()) == 0.0 for p in self.parameters(name) if "lora_B" in self._pname(p))
+        self._require(name)
+        return all(float(p.detach().abs().max()) == 0.0 for n, p in self.model.named_parameters()
+                   if f".{name}." in n and "lora_B" in n)
 
     @torch.no_grad()
     def probe_logprobs(self, name: str | None) -> torch.Tensor:
@@ -134,7 +137,9 @@ class Policy:
         """Raises AdapterNotAppliedError if ``name`` is non-zero yet scores like the base model."""
         if self.is_zero(name):
             return  # a fresh adapter equals the base model by construction
-        diff = (self.probe_logprobs(name) - self.probe_logprobs(None)).abs().max().item()
+        if self._base_probe is None:  # the base weights never train: probe them once
+            self._base_probe = self.probe_logprobs(None)
+        diff = (self.probe_logprobs(name) - self._base_probe).abs().max().item()
         if diff <= atol:
             raise AdapterNotAppliedError(
                 f"branch {name!r} has non-zero LoRA weights but its log-probs equal the base model's "
@@ -142,9 +147,6 @@ class Policy:
             )
 
     # ---- helpers ------------------------------------------------------------------------------
-    def _pname(self, param: torch.nn.Parameter) -> str:
-        return next(n for n, p in self.model.named_parameters() if p is param)
-
     def _require(self, name: str) -> None:
         if name not in self.branches:
             raise KeyError(f"no branch {name!r}; known: {self.branches}")
