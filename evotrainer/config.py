@@ -101,6 +101,8 @@ class EvolutionConfig(_Section):
     allow_multi_factor: bool = False
     human_gate: bool = Field(False, description="pause before training each child until approve/reject")
     backtest: bool = Field(True, description="reject children whose backtest misses their expected effect")
+    revert: bool = Field(True, description="continue a survivor's best ancestor instead when paired held-out "
+                                           "statistics say the survivor regressed from it")
     skills_validate_after: int = Field(2, ge=1)
     user_skills: bool = Field(True, description="read and extend the user-level skill library")
     llm: LLMConfig = Field(default_factory=LLMConfig)

@@ -24,7 +24,8 @@ from evotrainer.progress import NullProgress
 from evotrainer.resources import BudgetReached, Resources
 from evotrainer.run_state import RunState, load_state, save_state
 from evotrainer.selection import Candidate, survivors as select_survivors
-from evotrainer.stages import SETTLED, gate_version, new_version, propose_children, train_version, verify_version
+from evotrainer.stages import (SETTLED, gate_version, new_version, propose_children, revert_regressed, train_version,
+                               verify_version)
 
 
 class Experiment(Resources):
@@ -115,6 +116,8 @@ class Experiment(Resources):
             s.survivors = select_survivors(cands, self.cfg.evolution.population_size,
                                            self.cfg.evolution.selection, self.cfg.evolution.elitism,
                                            self.cfg.evolution.tournament_size, seed=self.cfg.seed + g)
+            if self.cfg.evolution.revert:
+                s.survivors = revert_regressed(self, s.survivors, g)
             for c in cands:
                 if c.version_id not in s.survivors:
                     self.set_status(c.version_id, "pruned")
@@ -153,10 +156,15 @@ class Experiment(Resources):
         """Each survivor goes on under its own harness: the control its children are paired against."""
         s = self.state
         continued = {self.vdir(v).meta().parents[0] for v in s.live if self.vdir(v).meta().operator is None}
+        reverts = {h["to"]: h for h in s.history if h.get("outcome") == "reverted" and h["generation"] == generation}
         for sid in s.survivors:
             if sid not in continued:
-                parent = self.vdir(sid).meta()
-                s.live.append(new_version(self, parent, self.vdir(sid).genome_source(), generation))
+                parent, revert = self.vdir(sid).meta(), reverts.get(sid)
+                # A revert continues an ancestor: recorded as a continuation whose factor says so.
+                extra = {"factor": f"revert of {revert['parent']}",
+                         "intervention": {"action": "revert", "replaces": revert["parent"], "to": sid,
+                                          "reason": revert["reason"]}} if revert else {}
+                s.live.append(new_version(self, parent, self.vdir(sid).genome_source(), generation, **extra))
                 self.save()
 
     # ---- helpers the stages use -------------------------------------------------------------

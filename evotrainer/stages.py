@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from evotrainer.branch import BranchVersion, write_atomic
-from evotrainer.collect import sample_tasks, verify
+from evotrainer.collect import per_task_scores, sample_tasks, verify
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
@@ -224,3 +224,56 @@ def propose_children(exp, survivors: list[str], generation: int) -> None:
             state.approvals[cid] = "pending"
         exp.say(f"gen {generation}: {iv.operator} proposed {cid} from {pid} ({iv.factor})")
         exp.save()
+
+
+def revert_target(exp, vid: str):
+    """(ancestor id, paired decision) when ``vid`` regressed from its best ancestor, else None.
+
+    The ancestors are the first-parent chain back to the seed, settled and valid. The best of them by
+    held-out accuracy (the nearest one on a tie: it has had the most training) must beat ``vid`` on
+    the same held-out tasks by the gate's own paired bootstrap rule (CI lower bound above
+    ``min_delta``), so noise alone never triggers a revert.
+    """
+    from evotrainer.fitness.paired_stats import decide_promotion
+
+    meta = exp.vdir(vid).meta()
+    current = meta.metrics.get("heldout_accuracy")
+    if current is None:
+        return None
+    best, seen, pid = None, {vid}, (meta.parents[0] if meta.parents else None)
+    while pid and pid not in seen and exp.vdir(pid).path.is_dir():
+        seen.add(pid)
+        anc = exp.vdir(pid).meta()
+        acc = anc.metrics.get("heldout_accuracy")
+        if anc.status in SETTLED and acc is not None and acc > (best[1] if best else current):
+            best = (pid, acc)
+        pid = anc.parents[0] if anc.parents else None
+    if best is None:
+        return None
+    ev = exp.cfg.evolution
+    decision = decide_promotion(per_task_scores(exp.vdir(best[0]).rollouts("heldout")),
+                                per_task_scores(exp.vdir(vid).rollouts("heldout")),
+                                level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
+    return (best[0], decision) if decision.promote else None
+
+
+def revert_regressed(exp, survivors: list[str], generation: int) -> list[str]:
+    """Survivors that regressed from an ancestor are replaced by it: the next generation continues
+    the ancestor (its adapter and harness), and the regressed version is pruned with the reason."""
+    out: list[str] = []
+    for sid in survivors:
+        target = revert_target(exp, sid)
+        if target is None:
+            out.append(sid)
+            continue
+        aid, decision = target
+        vd = exp.vdir(sid)
+        meta = vd.meta()
+        meta.decision = {**(meta.decision or {}), "reverted_to": aid, "revert_reason": decision.reason}
+        vd.save_meta(meta)
+        exp.state.history.append({"generation": generation + 1, "parent": sid, "operator": "revert", "factor": "revert",
+                                  "outcome": "reverted", "to": aid, "reason": decision.reason})
+        exp.say(f"gen {generation}: {sid} regressed from {aid}; reverting to it ({decision.reason[:80]})")
+        if aid not in out:
+            out.append(aid)
+    return out

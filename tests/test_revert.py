@@ -1,0 +1,81 @@
+"""Revert as a first-class action: a survivor that regressed from an ancestor (by the gate's paired
+held-out statistics) is replaced by that ancestor, whose adapter and harness the next generation
+continues; a survivor that is only noisily worse is kept."""
+
+from evotrainer.branch import BranchVersion
+from evotrainer.config import parse_config
+from evotrainer.experiment import Experiment
+from evotrainer.genome.program import reference_program
+from evotrainer.rollout import Rollout
+from evotrainer.stages import revert_regressed, revert_target
+
+from test_experiment import tiny_cfg
+
+N_TASKS = 24
+
+
+def heldout(n_correct: int) -> list[Rollout]:
+    return [Rollout(task_id=f"t{i}", messages=[{"role": "user", "content": "?"}], completion="x", split="heldout",
+                    hidden={"correct": i < n_correct}) for i in range(N_TASKS)]
+
+
+def make_version(exp, vid, parents, generation, n_correct, status="kept"):
+    vd = exp.vdir(vid)
+    vd.path.mkdir(parents=True, exist_ok=True)
+    program = reference_program()
+    vd.save_genome(program.source)
+    vd.save_rollouts("heldout", heldout(n_correct))
+    exp.policy.create(vid)
+    exp.policy.save(vid, vd.adapter_dir)   # a real (tiny) LoRA adapter for the continuation to copy
+    exp.policy.remove(vid)
+    vd.save_meta(BranchVersion(id=vid, base_model="tiny-random", genome_hash=program.hash, parents=parents,
+                               status=status, generation=generation,
+                               metrics={"heldout_accuracy": n_correct / N_TASKS}))
+
+
+def lineage(tmp_path, **evolution):
+    exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", children_per_generation=0, generations=5, **evolution)))
+    make_version(exp, "v0000", [], 0, n_correct=20)            # the seed: good
+    make_version(exp, "v0001", ["v0000"], 1, n_correct=20)     # its continuation: as good
+    make_version(exp, "v0002", ["v0001"], 2, n_correct=6)      # then a clear regression
+    make_version(exp, "v0003", ["v0001"], 2, n_correct=19)     # a sibling one task worse: noise
+    exp.state.next_id = 4
+    return exp
+
+
+def test_a_clear_regression_reverts_to_the_best_ancestor_and_noise_does_not(tmp_path):
+    exp = lineage(tmp_path)
+    aid, decision = revert_target(exp, "v0002")
+    # v0000 and v0001 score alike: the nearest of the best ancestors keeps the most training.
+    assert aid == "v0001" and decision.promote and decision.mean_delta > 0.5
+    assert revert_target(exp, "v0003") is None
+
+    assert revert_regressed(exp, ["v0002", "v0003"], 2) == ["v0001", "v0003"]
+    meta = exp.vdir("v0002").meta()
+    assert meta.decision["reverted_to"] == "v0001" and "CI lower bound" in meta.decision["revert_reason"]
+    assert exp.state.history[-1]["outcome"] == "reverted" and exp.state.history[-1]["to"] == "v0001"
+
+
+def test_the_select_stage_reverts_and_the_next_generation_continues_the_ancestor(tmp_path):
+    exp = lineage(tmp_path)
+    exp.state.generation, exp.state.stage, exp.state.live = 2, "select", ["v0002", "v0003"]
+    exp.run_generation()
+    s = exp.state
+    assert s.survivors == ["v0001", "v0003"] and exp.vdir("v0002").meta().status == "pruned"
+    new = {exp.vdir(v).meta().parents[0]: exp.vdir(v).meta() for v in s.live}
+    revert = new["v0001"]
+    assert revert.operator is None and revert.generation == 3 and revert.factor == "revert of v0002"
+    assert revert.intervention["action"] == "revert" and revert.intervention["replaces"] == "v0002"
+    assert (exp.vdir(revert.id).adapter_dir / "adapter_model.safetensors").is_file()   # the ancestor's adapter
+    assert new["v0003"].factor is None and len(new) == 2                                                # a plain continuation
+    # Idempotent: a resumed propose stage makes no second continuation of either survivor.
+    before = list(s.live)
+    exp.continue_survivors(3)
+    assert s.live == before
+
+
+def test_revert_can_be_switched_off(tmp_path):
+    exp = lineage(tmp_path, revert=False)
+    exp.state.generation, exp.state.stage, exp.state.live = 2, "select", ["v0002", "v0003"]
+    exp.run_generation()
+    assert sorted(exp.state.survivors) == ["v0002", "v0003"]
