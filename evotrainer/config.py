@@ -74,13 +74,16 @@ class LLMConfig(_Section):
     max_tokens: int = Field(320, ge=16, description="reply tokens per operator call")
     temperature: float = Field(0.7, ge=0)
     timeout_s: float = Field(120.0, gt=0)
+    usd_per_1m_prompt_tokens: float = Field(0.0, ge=0, description="price of prompt tokens, for budget.llm_cost_usd")
+    usd_per_1m_completion_tokens: float = Field(0.0, ge=0, description="price of reply tokens, for budget.llm_cost_usd")
 
 
 class BudgetConfig(_Section):
     train_steps: int | None = Field(None, ge=1, description="total optimisation steps over all branches")
     rollout_tokens: int | None = Field(None, ge=1, description="total generated tokens (train + held-out)")
-    llm_calls: int | None = Field(None, ge=0, description="LLM operator calls")
-    llm_tokens: int | None = Field(None, ge=0, description="LLM operator tokens (prompt + completion)")
+    llm_calls: int | None = Field(None, ge=1, description="LLM operator calls")
+    llm_tokens: int | None = Field(None, ge=1, description="LLM operator tokens (prompt + completion)")
+    llm_cost_usd: float | None = Field(None, gt=0, description="LLM operator spend in USD, priced by evolution.llm.usd_per_1m_*")
     wall_time_s: float | None = Field(None, gt=0, description="wall-clock seconds for the whole run")
 
 

@@ -77,10 +77,12 @@ class Resources:
     def llm_budget(self):
         from evotrainer.operators.llm_client import TokenBudget
 
-        b = self.cfg.evolution.budget
+        b, llm = self.cfg.evolution.budget, self.cfg.evolution.llm
         used = self.state.budget_used
-        budget = TokenBudget(b.llm_calls, b.llm_tokens)
+        budget = TokenBudget(b.llm_calls, b.llm_tokens, b.llm_cost_usd, llm.usd_per_1m_prompt_tokens,
+                             llm.usd_per_1m_completion_tokens)
         budget.calls, budget.prompt_tokens = int(used.get("llm_calls", 0)), int(used.get("llm_tokens", 0))
+        budget.cost_usd = float(used.get("llm_cost_usd", 0.0))
         return budget
 
     @functools.cached_property
@@ -108,6 +110,7 @@ class Resources:
         if "llm_budget" in self.__dict__:
             self.state.budget_used["llm_calls"] = self.llm_budget.calls
             self.state.budget_used["llm_tokens"] = self.llm_budget.tokens
+            self.state.budget_used["llm_cost_usd"] = self.llm_budget.cost_usd
         if "mix" in self.__dict__:
             self.state.operator_stats = self.mix.stats_dict()
 
@@ -183,10 +186,10 @@ class Resources:
         """Raises BudgetReached when any configured budget is spent."""
         b, used = self.cfg.evolution.budget, self.state.budget_used
         self.sync_llm_budget()
-        for name in ("train_steps", "rollout_tokens", "wall_time_s"):
+        for name in ("train_steps", "rollout_tokens", "wall_time_s", "llm_calls", "llm_tokens", "llm_cost_usd"):
             limit = getattr(b, name)
             if limit is not None and used.get(name, 0) >= limit:
-                raise BudgetReached(f"{name} budget spent ({used[name]:.0f} of {limit})")
+                raise BudgetReached(f"{name} budget spent ({used[name]:.4g} of {limit})")
 
     # ---- the end of a run ----------------------------------------------------------------------
     def finish(self) -> None:

@@ -98,6 +98,17 @@ def test_budget_stops_cleanly_and_resume_respects_it(tmp_path):
     assert Experiment.resume(run_dir).run().status == "stopped"  # nothing more is spent
 
 
+def test_an_llm_call_budget_stops_the_run_cleanly(tmp_path):
+    """Reaching an LLM budget ends the run like any other budget: stopped, reason named, all recorded."""
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg(run_dir, generations=4, operators={"llm_diff": 1.0}, budget={"llm_calls": 1},
+                   llm={"model": "tiny-random", "max_tokens": 16})
+    state = Experiment(parse_config(cfg)).run()
+    assert state.status == "stopped" and "llm_calls budget spent" in state.stop_reason
+    assert state.budget_used["llm_calls"] == 1 and state.generation < 4
+    check_invariants(run_dir)
+
+
 def test_human_gate_pauses_until_approve_or_reject(tmp_path):
     from evotrainer.cli import main
 

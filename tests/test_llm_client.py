@@ -156,6 +156,19 @@ def test_token_budget_refuses_a_call_that_could_exceed_it():
     assert len(srv.requests) == 2 and budget.tokens == 50
 
 
+def test_cost_budget_prices_real_usage_and_refuses_a_call_that_could_exceed_it():
+    # $1 per 1k prompt tokens, $2 per 1k reply tokens; the server reports 21 prompt + 4 reply tokens.
+    budget = TokenBudget(max_cost_usd=0.1, usd_per_1m_prompt=1000.0, usd_per_1m_completion=2000.0)
+    with ChatServer([("ok", "ok")]) as srv:
+        c = client(srv.url, budget=budget)
+        c.complete(MESSAGES, max_tokens=20)       # worst case ~5*0.001 + 20*0.002 = $0.045 fits
+        assert budget.cost_usd == pytest.approx(21 * 0.001 + 4 * 0.002)
+        with pytest.raises(BudgetExhausted, match="cost budget"):
+            c.complete(MESSAGES, max_tokens=40)   # $0.029 used + up to ~$0.085 > $0.1
+        c.complete(MESSAGES, max_tokens=20)
+    assert len(srv.requests) == 2 and budget.cost_usd == pytest.approx(2 * 0.029)
+
+
 def test_make_client_prefers_a_server_url(monkeypatch):
     monkeypatch.delenv("EVOTRAINER_LLM_URL", raising=False)
     c = make_client("http://127.0.0.1:9/v1", "m")

@@ -43,23 +43,32 @@ def estimate_tokens(text: str) -> int:
 
 
 class TokenBudget:
-    """Calls and tokens shared by every client of one experiment (thread-safe).
+    """Calls, tokens and dollars shared by every client of one experiment (thread-safe).
 
     ``reserve`` is conservative: a call is refused if its estimated prompt plus its full
-    ``max_tokens`` completion could go over ``max_tokens``; ``charge`` then books the real usage.
+    ``max_tokens`` completion could go over ``max_tokens`` (or, priced per million tokens, over
+    ``max_cost_usd``); ``charge`` then books the real usage.
     """
 
-    def __init__(self, max_calls: int | None = None, max_tokens: int | None = None) -> None:
+    def __init__(self, max_calls: int | None = None, max_tokens: int | None = None, max_cost_usd: float | None = None,
+                 usd_per_1m_prompt: float = 0.0, usd_per_1m_completion: float = 0.0) -> None:
         self.max_calls = max_calls
         self.max_tokens = max_tokens
+        self.max_cost_usd = max_cost_usd
+        self.usd_per_1m_prompt = usd_per_1m_prompt
+        self.usd_per_1m_completion = usd_per_1m_completion
         self.calls = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cost_usd = 0.0
         self._lock = threading.Lock()
 
     @property
     def tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    def price(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.usd_per_1m_prompt + completion_tokens * self.usd_per_1m_completion) / 1e6
 
     def reserve(self, prompt_estimate: int, max_new_tokens: int) -> None:
         with self._lock:
@@ -70,16 +79,22 @@ class TokenBudget:
                     f"LLM token budget would be exceeded ({self.tokens} used + up to "
                     f"{prompt_estimate + max_new_tokens} > {self.max_tokens})"
                 )
+            worst = self.price(prompt_estimate, max_new_tokens)
+            if self.max_cost_usd is not None and self.cost_usd + worst > self.max_cost_usd:
+                raise BudgetExhausted(f"LLM cost budget would be exceeded (${self.cost_usd:.4f} used + up to "
+                                      f"${worst:.4f} > ${self.max_cost_usd:.4f})")
             self.calls += 1
 
     def charge(self, prompt_tokens: int, completion_tokens: int) -> None:
         with self._lock:
             self.prompt_tokens += prompt_tokens
             self.completion_tokens += completion_tokens
+            self.cost_usd += self.price(prompt_tokens, completion_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "max_calls": self.max_calls, "max_tokens": self.max_tokens}
+                "cost_usd": self.cost_usd, "max_calls": self.max_calls, "max_tokens": self.max_tokens,
+                "max_cost_usd": self.max_cost_usd}
 
 
 class _Accounting:
