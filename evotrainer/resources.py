@@ -19,6 +19,12 @@ class BudgetReached(Exception):
     pass
 
 
+# budget_used["<key>_seconds"] as print_summary names them
+TIME_LABELS = {"gen": "rollouts", "train": "gradient steps", "verify": "held-out verification", "propose": "proposals",
+               "backtest": "backtests", "record": "MLflow", "health": "health reports", "gate": "gates",
+               "adapter": "adapter load/save", "load": "model load", "finish": "lineage and plots"}
+
+
 class Resources:
     """Mixin of :class:`~evotrainer.experiment.Experiment` (``cfg``, ``state``, ``run_dir`` set there)."""
 
@@ -235,4 +241,10 @@ class Resources:
                       + f"; train steps {used.get('train_steps', 0):.0f}, rollout tokens "
                       f"{used.get('rollout_tokens', 0):.0f}, LLM calls {used.get('llm_calls', 0):.0f}, "
                       f"wall {used.get('wall_time_s', 0):.0f} s")
+        wall = used.get("wall_time_s", 0)
+        parts = sorted(((TIME_LABELS.get(k[: -len("_seconds")], k[: -len("_seconds")]), v)
+                        for k, v in used.items() if k.endswith("_seconds")), key=lambda kv: -kv[1])
+        if wall and parts:
+            console.print("where the time went: "
+                          + ", ".join(f"{name} {v / wall:.1%}" for name, v in parts if v / wall >= 0.001))
         console.print(f"open the lineage in MLflow: mlflow ui --backend-store-uri sqlite:///{self.run_dir}/mlflow.db")

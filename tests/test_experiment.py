@@ -86,7 +86,15 @@ def test_loop_runs_gates_and_records(tmp_path):
     assert {"load_seconds", "adapter_seconds", "gen_seconds", "train_seconds", "verify_seconds", "health_seconds",
             "gate_seconds", "record_seconds", "finish_seconds"} <= set(parts)
     assert 0 < sum(used[k] for k in parts) <= used["wall_time_s"] + 1e-6
-    exp.print_summary()
+    from io import StringIO
+
+    from rich.console import Console
+
+    out = StringIO()
+    exp.print_summary(Console(file=out, width=300))
+    summary = out.getvalue()
+    assert "leaderboard" in summary and "mlflow ui --backend-store-uri sqlite:///" in summary
+    assert "where the time went:" in summary and "rollouts" in summary and "MLflow" in summary
 
 
 def test_budget_stops_cleanly_and_resume_respects_it(tmp_path):
