@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
+# The co-evolution loop on the embedded model. Running it again continues (or, when finished, shows)
+# runs/quickstart; remove that folder for a fresh run.
 demo: $(STAMP)
-	$(VENV)/bin/evotrainer train examples/train_math.yaml
+	$(VENV)/bin/evotrainer run examples/quickstart.yaml --resume
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check evotrainer tests benchmarks

@@ -25,3 +25,21 @@ def test_readme_names_both_commands_and_the_loop_commands():
                 "evotrainer approve", "evotrainer lineage", "evotrainer report", "evotrainer backtest",
                 "evotrainer genome check", "evotrainer genome run", "evotrainer mutate", "evotrainer skills"):
         assert cmd in README, cmd
+
+
+def test_make_demo_runs_the_co_evolution_quickstart_as_the_readme_says():
+    """`make demo` is the loop on examples/quickstart.yaml: a population of 4, at least 3 generations,
+    a local LLM operator plus knobs and crossover, on the embedded model, with a wall-time cap."""
+    from evotrainer.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    makefile = root.joinpath("Makefile").read_text()
+    recipe = re.search(r"^demo:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert "evotrainer run examples/quickstart.yaml" in recipe
+    assert "evotrainer run examples/quickstart.yaml" in README
+    cfg = load_config(root / "examples" / "quickstart.yaml")
+    ev = cfg.evolution
+    assert cfg.model == "smollm2-135m" and cfg.domain.name == "math" and ev.mode == "evolve"
+    assert ev.population_size == 4 and ev.generations >= 3 and ev.llm.base_url is None
+    assert {"knobs", "crossover"} <= set(ev.operators) and any(op.startswith("llm_") for op in ev.operators)
+    assert ev.budget.wall_time_s is not None
