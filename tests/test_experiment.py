@@ -137,6 +137,10 @@ def test_human_gate_pauses_until_approve_or_reject(tmp_path):
     assert metas[pending[0]].metrics.get("heldout_accuracy") is not None
     assert metas[pending[1]].status == "rejected" and "too risky" in metas[pending[1]].decision["reasons"][0]
     assert metas[pending[1]].metrics.get("heldout_accuracy") is None   # rejected: never trained
+    # `run` again refuses to overwrite the run; `run --resume` (what `make demo` does) shows it as it is.
+    assert main(["run", str(path)]) == 2
+    assert main(["run", str(path), "--resume"]) == 0
+    assert load_state(run_dir).next_id == state.next_id and load_state(run_dir).status == "finished"
 
 
 @pytest.mark.slow
