@@ -65,6 +65,8 @@ class TrainConfig(_Section):
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy held-out verification")
     eval_seeds: list[int] = Field(default_factory=lambda: [0], description="sampling seeds of held-out verification")
     eval_size: int | None = Field(None, ge=1, description="held-out tasks verified (None = all)")
+    carry_optimizer: bool = Field(False, description="a version starts from its parent's AdamW moments "
+                                                   "(population-based-training style); false: a fresh AdamW per version")
 
 
 class LLMConfig(_Section):

@@ -13,6 +13,8 @@ import shutil
 import time
 from typing import Any
 
+import torch
+
 from evotrainer.branch import BranchVersion, write_atomic
 from evotrainer.collect import per_task_scores, sample_tasks, verify
 from evotrainer.genome.errors import GenomeError
@@ -23,6 +25,7 @@ from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.train import grpo_config, train_step
 
 SETTLED = ("kept", "promoted")          # statuses of versions that may live on
+OPTIMIZER_FILE = "optimizer.pt"        # AdamW state saved beside the adapter (train.carry_optimizer)
 
 
 def train_version(exp, vid: str) -> None:
@@ -40,6 +43,9 @@ def train_version(exp, vid: str) -> None:
         with Harness(program, sandbox=cfg.sandbox) as harness:
             grpo = grpo_config(harness, cfg.grpo.model_dump())
             trainer = GRPOTrainer(exp.policy, vid, grpo)
+            inherited = vd.adapter_dir / OPTIMIZER_FILE   # copied with the parent's adapter
+            if cfg.train.carry_optimizer and inherited.is_file():
+                trainer.load_optimizer_state(torch.load(inherited, weights_only=True))
             exp.progress.steps(f"{vid} GRPO steps", k)
             for i in range(k):
                 # Common random numbers: siblings of one generation see the same tasks and seeds,
@@ -64,6 +70,8 @@ def train_version(exp, vid: str) -> None:
         tmp = vd.path / "adapter.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         exp.policy.save(vid, tmp)
+        if cfg.train.carry_optimizer:
+            torch.save(trainer.optimizer_state(), tmp / OPTIMIZER_FILE)
         shutil.rmtree(vd.adapter_dir, ignore_errors=True)
         tmp.rename(vd.adapter_dir)
     vd.save_rollouts("train", rollouts)

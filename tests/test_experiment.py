@@ -208,3 +208,34 @@ def test_budget_mid_generation_finishes_the_generation_then_stops(tmp_path):
     assert len(trained) == 2 and untrained, {v: m.status for v, m in metas.items()}
     assert all(m.status in ("kept", "promoted", "rejected", "invalid", "pruned") for m in trained)
     assert state.status == "stopped"
+
+
+def test_carry_optimizer_continues_each_lineages_adamw_state(tmp_path):
+    """With train.carry_optimizer, a version's AdamW step count is its parent's plus its own updates."""
+    import torch
+
+    from evotrainer.genome.program import reference_program
+
+    # A reward that varies with the completion, so the tiny random model's groups are not all dead.
+    source = reference_program().source.replace(
+        'return [1.0 if r["visible"].get("correct") else 0.0 for r in rollouts]',
+        'return [float(len(r["completion"]) % 3) for r in rollouts]')
+    (tmp_path / "harness.py").write_text(source)
+    cfg = tiny_cfg(tmp_path / "run", operators={"knobs": 1.0})
+    cfg["harness"], cfg["train"]["carry_optimizer"] = str(tmp_path / "harness.py"), True
+    exp = Experiment(parse_config(cfg))
+    exp.run()
+
+    def adam_steps(vid):
+        state = torch.load(exp.vdir(vid).adapter_dir / "optimizer.pt", weights_only=True)
+        return int(float(state[0]["step"])) if state else 0
+
+    trained = [v for v in exp.versions() if exp.vdir(v).meta().metrics.get("heldout_accuracy") is not None]
+    checked = 0
+    for vid in trained:
+        meta = exp.vdir(vid).meta()
+        updates = sum(1 for row in exp.vdir(vid).steps() if not row.get("skipped"))
+        inherited = adam_steps(meta.parents[0]) if meta.parents else 0
+        assert adam_steps(vid) == inherited + updates, vid
+        checked += inherited > 0
+    assert checked, "some version inherited a non-empty optimizer state"

@@ -147,3 +147,31 @@ def test_converted_embedded_model_carries_no_stale_gguf_quantization_mark():
 
     cfg = json.loads((embedded_model_dir() / "config.json").read_text())
     assert "quantization_config" not in cfg  # else trainers refuse to train the dequantised weights
+
+
+def test_a_child_trainer_continues_its_parents_adamw_moments_with_its_own_hyperparameters(policy, tmp_path):
+    eng = TransformersEngine(policy)
+    outs = eng.generate([p for p in PROMPTS[:2] for _ in range(4)], SamplingParams(max_new_tokens=6, seed=0), "b0")
+    advantages = [1.0, -1.0, 0.5, -0.5] * 2
+    parent = GRPOTrainer(policy, "b0", GRPOConfig(learning_rate=1e-3, num_generations=4, max_completion_length=6))
+    for _ in range(2):
+        parent.step(_rollouts(outs, 4), advantages)
+    torch.save(parent.optimizer_state(), tmp_path / "optimizer.pt")   # what a version dir keeps
+
+    policy.fork("b0", "b1")
+    child = GRPOTrainer(policy, "b1", GRPOConfig(learning_rate=5e-4, num_generations=4, max_completion_length=6))
+    child.load_optimizer_state(torch.load(tmp_path / "optimizer.pt", weights_only=True))
+    state = child.optimizer.state_dict()
+    assert len(state["state"]) == len(child.params) and float(state["state"][0]["step"]) == 2.0
+    assert torch.equal(state["state"][0]["exp_avg_sq"], parent.optimizer_state()[0]["exp_avg_sq"])
+    assert all(g["lr"] == 5e-4 for g in child.optimizer.param_groups)   # the child's own recipe
+    child.step(_rollouts(outs, 4), advantages)
+    assert float(child.optimizer_state()[0]["step"]) == 3.0
+    # The moments live on the child's own parameters: the parent's are untouched by the child's step.
+    assert child.params[0] is not parent.params[0]
+
+    model, tok = load_base_model("tiny-random", seed=0)
+    other = Policy(model, tok, LoraSettings(r=4))   # another LoRA rank: the moments cannot fit
+    other.create("r4")
+    with pytest.raises(ValueError, match="another LoRA shape"):
+        GRPOTrainer(other, "r4", GRPOConfig()).load_optimizer_state(parent.optimizer_state())

@@ -157,6 +157,22 @@ class GRPOTrainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
 
+    def optimizer_state(self) -> dict:
+        """The AdamW moments and step counts by parameter position (what a child may inherit)."""
+        return self.optimizer.state_dict()["state"]
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Continue from a parent's AdamW moments, as population-based training does. The
+        hyper-parameters (lr, betas, weight decay) stay this trainer's: a child may have changed them."""
+        for i, st in state.items():
+            i = int(i)
+            if i >= len(self.params) or st["exp_avg"].shape != self.params[i].shape:
+                raise ValueError(f"optimizer state does not fit branch {self.branch!r} (parameter {i}): "
+                                 "the parent had another LoRA shape; start this version with a fresh optimizer")
+        sd = self.optimizer.state_dict()
+        sd["state"] = {int(i): st for i, st in state.items()}
+        self.optimizer.load_state_dict(sd)
+
     def _batch(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:
         """Left-pads prompts and right-pads completions into tensors."""
         dev = self.policy.device
