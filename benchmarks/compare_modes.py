@@ -66,6 +66,21 @@ def mean_score(scores: dict[str, list[float]]) -> float:
     return statistics.fmean(v for vs in scores.values() for v in vs)
 
 
+def override(cfg, item: str) -> None:
+    import yaml
+
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. train.carry_optimizer=true")
+    *path, name = key.split(".")
+    target = cfg
+    for part in path:
+        target = getattr(target, part)
+    if name not in type(target).model_fields:
+        raise SystemExit(f"--set {item!r}: no field {name!r} in {'.'.join(path) or 'the config'}")
+    setattr(target, name, yaml.safe_load(value))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="examples/quickstart.yaml")
@@ -78,6 +93,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="keep run dirs here (default: a temp dir)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-test", action="store_true", help="skip verifying each run's best version on the test split")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every run, e.g. train.carry_optimizer=true (YAML value)")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="compare-modes-"))
     results: dict[str, list[dict]] = {}
@@ -97,6 +114,8 @@ def main() -> None:
                 cfg.evolution.steps_per_generation = args.steps_per_generation
             if args.eval_size:
                 cfg.train.eval_size = args.eval_size
+            for item in args.set:
+                override(cfg, item)
             cfg.run_dir = str(root / f"{mode}-s{seed}")
             exp = Experiment(cfg)
             exp.run()
