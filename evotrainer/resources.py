@@ -216,7 +216,7 @@ class Resources:
     def leaderboard(self) -> Table:
         table = Table(title=f"leaderboard — {self.run_dir}")
         for col in ("version", "gen", "operator", "factor", "held-out", "train reward", "status"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")   # a narrow terminal wraps a factor, never cuts it
         metas = [self.vdir(v).meta() for v in self.versions()]
         metas.sort(key=lambda m: -(m.metrics.get("heldout_accuracy") or -1))
         for m in metas:
