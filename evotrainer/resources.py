@@ -108,7 +108,9 @@ class Resources:
                   "temperature": llm.temperature}
         # The knobs operator's Optuna study lives in the run dir, so a resumed run keeps learning from
         # the fitness of earlier knob settings instead of starting TPE over.
-        by_name = {"knobs": {"storage": f"sqlite:///{self.run_dir.resolve()}/optuna.db"}} if "knobs" in weights else {}
+        fixed = {k: v for k, v in self.cfg.grpo.model_dump().items() if v is not None}
+        by_name = {"knobs": {"storage": f"sqlite:///{self.run_dir.resolve()}/optuna.db", "fixed": fixed}
+                   } if "knobs" in weights else {}
         return OperatorMix(weights, seed=self.cfg.seed, shared=shared, kwargs_by_name=by_name,
                            repair="llm_repair" in weights)
 

@@ -56,6 +56,23 @@ def test_int_knob_stays_int_and_degenerate_knob_is_never_chosen():
             assert isinstance(iv.details["new"], int)
 
 
+def test_clip_knobs_are_never_tuned_while_training_is_on_policy():
+    """With one pass per batch the ratio is 1, so epsilon/epsilon_high/delta cannot change a step:
+    children that only change them would repeat their control. With several passes they matter."""
+    parent = reference()
+    clip = {"epsilon", "epsilon_high", "delta"}
+    on_policy = KnobOperator(seed=0, fixed={"num_iterations": 1})
+    assert not clip & {on_policy.propose([parent], Evidence()).details["knob"] for _ in range(30)}
+    off_policy = KnobOperator(seed=0, fixed={"num_iterations": 2})
+    assert clip & {off_policy.propose([parent], Evidence()).details["knob"] for _ in range(30)}
+    # A genome that declares num_iterations as a knob decides for itself, over the run's config.
+    knobbed = HarnessProgram(parent.source.replace('"beta": {', '"num_iterations": {"value": 2, "choices": [1, 2]},\n'
+                                                                '    "beta": {'))
+    assert knobbed.knobs["num_iterations"]["value"] == 2
+    op = KnobOperator(seed=0, fixed={"num_iterations": 1})
+    assert clip & {op.propose([knobbed], Evidence()).details["knob"] for _ in range(30)}
+
+
 def test_restricted_knobs_and_alert_preference():
     parent = reference()
     op = KnobOperator(seed=0, knobs=["temperature"])

@@ -56,14 +56,26 @@ def suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     return min(max(float(f"{value:.6g}"), dist.low), dist.high)
 
 
+def inert_knobs(values: dict[str, Any]) -> set[str]:
+    """Knobs that cannot change training under the other settings' values. With one optimisation
+    pass per batch (``num_iterations`` 1, the default) training is on-policy: the importance ratio is
+    1 at every token, so the PPO clip (``epsilon``, ``epsilon_high``) and the two-sided clip
+    (``delta``) never bind, and a child changing one of them repeats its control's training exactly."""
+    if (values.get("num_iterations") or 1) == 1:
+        return {"epsilon", "epsilon_high", "delta"}
+    return set()
+
+
 class KnobOperator:
     name = "knobs"
 
     def __init__(self, seed: int = 0, sampler: str = "tpe", storage: str | None = None,
                  study_name: str = "evotrainer-knobs", n_startup_trials: int = 8,
-                 knobs: list[str] | None = None, max_attempts: int = 8) -> None:
+                 knobs: list[str] | None = None, max_attempts: int = 8,
+                 fixed: dict[str, Any] | None = None) -> None:
         self.rng = random.Random(seed)
         self.only = list(knobs) if knobs else None     # restrict tuning to these knobs
+        self.fixed = dict(fixed or {})   # recipe settings that are not knobs (the run's grpo config)
         self.max_attempts = max_attempts
         self.n_startup_trials = n_startup_trials
         self.study = optuna.create_study(
@@ -78,7 +90,8 @@ class KnobOperator:
 
     # ---- choosing the knob ---------------------------------------------------------------
     def _candidates(self, knobs: dict[str, dict[str, Any]]) -> list[str]:
-        names = [n for n in knobs if self.only is None or n in self.only]
+        inert = inert_knobs({**self.fixed, **{n: spec["value"] for n, spec in knobs.items()}})
+        names = [n for n in knobs if (self.only is None or n in self.only) and n not in inert]
         # A knob whose range or choices admit one value cannot make a child.
         return [n for n in names if "choices" in knobs[n] and len(knobs[n]["choices"]) > 1
                 or "range" in knobs[n] and knobs[n]["range"][0] != knobs[n]["range"][1]]
