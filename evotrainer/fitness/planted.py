@@ -28,6 +28,7 @@ from typing import Any
 
 from evotrainer.branch import BranchVersion, VersionDir
 from evotrainer.config import Config, parse_config
+from evotrainer.fitness.backtest import replay
 from evotrainer.fitness.cache import CachedVersion
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
@@ -83,17 +84,10 @@ def copy_leak(src: str | Path, dst: str | Path, genome: str | Path | None = None
     out = VersionDir(dst)
     out.path.mkdir(parents=True, exist_ok=True)
     with Harness(program, sandbox=True) as h:
-        for step in sorted({r.step for r in train}):          # the trainer's order: reward → filter → advantage
+        train = replay(h, v, train)                           # the trainer's order: reward → filter → advantage
+        for step in sorted({r.step for r in train}):
             rs = [r for r in train if r.step == step]
-            for r, rew in zip(rs, h.reward(rs, [v.task_for(r) for r in rs])):
-                r.reward, r.advantage = float(rew), None
-            groups = group_rollouts(rs)
-            kept = [g for g, k in zip(groups, h.keep_groups(groups)) if k]
-            if kept:
-                for g, adv in zip(kept, h.advantages(kept, [[r.reward for r in g.rollouts] for g in kept])):
-                    for r, a in zip(g.rollouts, adv):
-                        r.advantage = float(a)
-            out.append_step({**h.metrics(rs, groups), "step": step, "constructed": 1.0})
+            out.append_step({**h.metrics(rs, group_rollouts(rs)), "step": step, "constructed": 1.0})
     out.save_rollouts("train", train)
     out.save_rollouts("heldout", v.heldout)
     out.save_rollouts("heldout_base", v.heldout_base)
