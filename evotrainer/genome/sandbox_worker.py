@@ -4,10 +4,9 @@ Run as ``python -I sandbox_worker.py REQ_FD RESP_FD``. It imports nothing from e
 standard library), so it runs the same wherever the engine lives. It is one file on purpose: ``-I``
 keeps the script's folder off ``sys.path``, so the worker cannot import a sibling module, and
 everything it holds serves one concept, the isolated process (set up isolation, then serve calls).
-Protocol: two dedicated
-pipes of its own (never stdout, so harness prints cannot corrupt it). Requests are pickles streamed
-by the engine (trusted data); replies are an 8-byte big-endian length + JSON (the engine never
-unpickles what this process says).
+Protocol: two dedicated pipes of its own (never stdout, so harness prints cannot corrupt it).
+Requests are pickles streamed by the engine (trusted data); replies are an 8-byte big-endian length
++ JSON (the engine never unpickles what this process says).
 
 Layers, outermost first (the engine adds the wall-clock kill of the whole process group):
   1. OS: a fresh network namespace (no interfaces but a down loopback), privileges dropped to
