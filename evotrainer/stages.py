@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from evotrainer.branch import BranchVersion, write_atomic
-from evotrainer.collect import per_task_scores, sample_tasks, verify
+from evotrainer.collect import sample_tasks, verify
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
@@ -127,6 +127,7 @@ def control_of(exp, meta: BranchVersion) -> str | None:
 def gate_version(exp, vid: str) -> None:
     """Validity first (engine checks + the harness's own), then paired statistics against the control."""
     from evotrainer.fitness.gates import GateConfig, gate
+    from evotrainer.fitness.health import HealthReport
 
     vd = exp.vdir(vid)
     meta = vd.meta()
@@ -136,8 +137,11 @@ def gate_version(exp, vid: str) -> None:
     gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
     is_child = meta.operator is not None
     control = control_of(exp, meta) if is_child else None
+    health = vd.path / "health.json"   # written by verification: the gate judges that same report
+    report = HealthReport.from_dict(json.loads(health.read_text())) if health.is_file() else None
     with exp.timed("gate"):
-        decision = gate(vd.path, exp.vdir(control).path if control else None, gcfg, labels=exp.labels)
+        decision = gate(vd.path, exp.vdir(control).path if control else None, gcfg, labels=exp.labels,
+                        report=report)
     meta.decision = decision.to_dict()
     meta.violations = [{"name": "gate", "message": r} for r in decision.reasons
                        if r.startswith(("engine check", "harness validity"))]
@@ -189,6 +193,7 @@ def propose_children(exp, survivors: list[str], generation: int) -> None:
     todo = wanted - len([v for v in state.live if exp.vdir(v).meta().operator is not None])
     picks = select_parents(exp.candidates(survivors), max(0, todo), ev.tournament_size,
                            seed=exp.cfg.seed * 7919 + generation)
+    cases = exp.labels.cases() if picks and ev.backtest else []   # labelled history: read once per round
     for pid in picks:
         exp.guard()
         parent = exp.vdir(pid).meta()
@@ -213,7 +218,7 @@ def propose_children(exp, survivors: list[str], generation: int) -> None:
         bt = None
         if ev.backtest:
             t0 = time.perf_counter()
-            bt = backtest(iv.child(), exp.vdir(pid).path, expect=iv.expected_effect, labels=exp.labels)
+            bt = backtest(iv.child(), exp.vdir(pid).path, expect=iv.expected_effect, labels=cases)
             exp.spend(backtest_seconds=time.perf_counter() - t0)
             if not bt.accept:
                 state.history.append({**record, "outcome": "backtest_rejected", "reasons": bt.reasons[:5]})
@@ -242,7 +247,8 @@ def revert_target(exp, vid: str):
     the same held-out tasks by the gate's own paired bootstrap rule (CI lower bound above
     ``min_delta``), so noise alone never triggers a revert.
     """
-    from evotrainer.fitness.paired_stats import decide_promotion
+    from evotrainer.fitness.gates import GateConfig, paired_promotion
+    from evotrainer.fitness.paired_stats import PairingError
 
     meta = exp.vdir(vid).meta()
     current = meta.metrics.get("heldout_accuracy")
@@ -259,9 +265,11 @@ def revert_target(exp, vid: str):
     if best is None:
         return None
     ev = exp.cfg.evolution
-    decision = decide_promotion(per_task_scores(exp.vdir(best[0]).rollouts("heldout")),
-                                per_task_scores(exp.vdir(vid).rollouts("heldout")),
-                                level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
+    gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
+    try:
+        decision = paired_promotion(exp.vdir(best[0]).rollouts("heldout"), exp.vdir(vid).rollouts("heldout"), gcfg)
+    except (PairingError, ValueError):
+        return None   # not sampled on the same tasks and seeds: no evidence either way
     return (best[0], decision) if decision.promote else None
 
 

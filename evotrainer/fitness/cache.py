@@ -24,7 +24,7 @@ from typing import Any
 from evotrainer.branch import BranchVersion, VersionDir
 from evotrainer.domains.task import Task
 from evotrainer.genome.program import HarnessProgram, reference_program
-from evotrainer.rollout import Group, Rollout, group_rollouts
+from evotrainer.rollout import Rollout
 from evotrainer.numeric import finite_or_none  # noqa: F401 - re-exported for fitness modules
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,12 @@ def number_in(answer: str, text: str) -> bool:
     return re.search(r"(?<![\w.])" + re.escape(answer) + r"(?![\w]|\.\d)", text) is not None
 
 
+def copied(answer: str | None, r: Rollout) -> bool:
+    """Whether a train rollout gave ``answer`` (shown in its prompt, or the task's own): it wrote the
+    number, or the verifier found it correct. What the leak check counts as copying."""
+    return (answer is not None and number_in(answer, r.completion)) or bool(r.visible.get("correct"))
+
+
 # ---- a version on disk ----------------------------------------------------------------------------
 @dataclass
 class CachedVersion:
@@ -82,7 +88,6 @@ class CachedVersion:
     train: list[Rollout]
     heldout: list[Rollout]
     heldout_base: list[Rollout]
-    steps: list[dict[str, Any]] = field(default_factory=list)
     tasks: dict[str, Task] = field(default_factory=dict)   # the engine's tasks by id ({} without a config)
     domain: Any = None
 
@@ -96,14 +101,11 @@ class CachedVersion:
         program = HarnessProgram(genome.read_text(), name="genome.py") if genome.is_file() else reference_program()
         domain, tasks = _domain_of(vd.path)
         return cls(vd.path, meta, program, vd.rollouts("train"), vd.rollouts("heldout"), vd.rollouts("heldout_base"),
-                   vd.steps(), tasks, domain)
+                   tasks, domain)
 
     @property
     def name(self) -> str:
         return self.path.name
-
-    def train_groups(self) -> list[Group]:
-        return group_rollouts(self.train)
 
     def task_for(self, r: Rollout) -> Task | dict[str, Any]:
         """The task of a rollout for a harness's ``reward`` hook (the facade strips answer/hidden)."""

@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evotrainer.fitness.cache import CachedVersion, number_in
-from evotrainer.fitness.health import HealthReport, health_report
+from evotrainer.fitness.cache import CachedVersion, copied
+from evotrainer.fitness.health import HealthReport, health_report, last_steps
 from evotrainer.fitness.labels import BranchLabel, DiagnosticGap, LabelStore, RolloutLabel
-from evotrainer.fitness.paired_stats import PairingError, decide_promotion
+from evotrainer.fitness.paired_stats import PairingError, PromotionDecision, decide_promotion
 from evotrainer.rollout import Rollout
 
 
@@ -96,7 +96,7 @@ def engine_checks(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> li
                         f"{len(v.heldout) - unverified}/{len(v.heldout)} held-out rollouts carry the engine's verdict",
                         {"heldout_rollouts": len(v.heldout), "unverified": unverified}))
     checks.append(_tamper(v))
-    late, h = _late_count(v, cfg.window), e.get("heldout_accuracy")
+    late, h = len(last_steps(v.train, cfg.window)), e.get("heldout_accuracy")
     for name, key in (("train_heldout_divergence", "train_correct_rate_last"),
                       ("reward_heldout_divergence", "train_reward_mean_last")):
         x = e.get(key)
@@ -126,11 +126,6 @@ def engine_checks(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> li
                                                      "leaked_rollouts": nl, "clean_rollouts": nc,
                                                      "excess_first_step": first, "excess_last_window": last}))
     return checks
-
-
-def _late_count(v: CachedVersion, window: int) -> int:
-    steps = sorted({r.step for r in v.train})[-window:]
-    return sum(1 for r in v.train if r.step in set(steps))
 
 
 def _tamper(v: CachedVersion) -> Check:
@@ -166,21 +161,25 @@ def seed_scores(rollouts: list[Rollout]) -> dict[str, dict[Any, float]]:
     return scores
 
 
-def paired_decision(child: list[Rollout], parent: list[Rollout], cfg: GateConfig) -> dict[str, Any]:
-    """decide_promotion on per-task score lists ordered by seed; refuses (with the reason) when the two
-    sides were not sampled on the same tasks with the same seeds."""
+def paired_promotion(child: list[Rollout], parent: list[Rollout], cfg: GateConfig) -> PromotionDecision:
+    """decide_promotion on per-task score lists ordered by seed; raises PairingError when the two sides
+    were not sampled on the same tasks with the same seeds."""
     c, p = seed_scores(child), seed_scores(parent)
+    for task in set(c) & set(p):
+        if set(c[task]) != set(p[task]):
+            raise PairingError(f"task {task!r}: child seeds {sorted(c[task], key=str)} vs parent seeds "
+                               f"{sorted(p[task], key=str)}; a paired comparison needs the same seeds")
+    order = {t: sorted(c[t], key=str) for t in c}
+    return decide_promotion({t: [c[t][s] for s in order[t]] for t in c},
+                            {t: [p[t][s] for s in order.get(t, sorted(p[t], key=str))] for t in p},
+                            level=cfg.level, min_delta=cfg.min_delta, n_resamples=cfg.n_resamples, seed=cfg.seed,
+                            min_tasks=cfg.min_tasks)
+
+
+def paired_decision(child: list[Rollout], parent: list[Rollout], cfg: GateConfig) -> dict[str, Any]:
+    """:func:`paired_promotion` as a record; a pairing failure is a refusal with its reason."""
     try:
-        for task in set(c) & set(p):
-            if set(c[task]) != set(p[task]):
-                raise PairingError(f"task {task!r}: child seeds {sorted(c[task], key=str)} vs parent seeds "
-                                   f"{sorted(p[task], key=str)}; a paired comparison needs the same seeds")
-        order = {t: sorted(c[t], key=str) for t in c}
-        d = decide_promotion({t: [c[t][s] for s in order[t]] for t in c},
-                             {t: [p[t][s] for s in order.get(t, sorted(p[t], key=str))] for t in p},
-                             level=cfg.level, min_delta=cfg.min_delta, n_resamples=cfg.n_resamples, seed=cfg.seed,
-                             min_tasks=cfg.min_tasks)
-        return d.to_dict()
+        return paired_promotion(child, parent, cfg).to_dict()
     except (PairingError, ValueError) as e:
         return {"promote": False, "reason": f"refused: {e}"}
 
@@ -223,7 +222,7 @@ def _record(labels: LabelStore, v: CachedVersion, d: GateDecision, failed: list[
         for i, r in enumerate(v.train):
             leak = v.leak_of(r)
             if leak is not None:
-                used = number_in(leak, r.completion) or bool(r.visible.get("correct"))
+                used = copied(leak, r)
                 marks.append(RolloutLabel(str(v.path), "train", i, used, "leak_used" if used else "leak not used"))
             else:
                 marks.append(RolloutLabel(str(v.path), "train", i, False, "clean prompt"))

@@ -25,7 +25,7 @@ from typing import Any
 
 from scipy.stats import fisher_exact
 
-from evotrainer.fitness.cache import CachedVersion, finite_or_none, is_dead, mean, number_in, outcome, percentile
+from evotrainer.fitness.cache import CachedVersion, copied, finite_or_none, is_dead, mean, outcome, percentile
 from evotrainer.genome.harness import Harness
 from evotrainer.rollout import Rollout, group_rollouts
 
@@ -45,6 +45,11 @@ class HealthReport:
     validity: list[dict[str, Any]] = field(default_factory=list)    # the harness's own violations
     flow: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)                 # hooks that failed in the sandbox
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HealthReport:
+        """A report as ``to_dict`` wrote it (``metrics`` is derived, so it is not read back)."""
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     @property
     def metrics(self) -> dict[str, float | None]:
@@ -112,10 +117,9 @@ def leak_stats(v: CachedVersion, window: int = 3) -> dict[str, Any]:
         for r in rs:
             leak = v.leak_of(r)
             if leak is not None:
-                leaked.append(number_in(leak, r.completion) or bool(r.visible.get("correct")))
+                leaked.append(copied(leak, r))
             else:
-                answer = v.answer_of(r)
-                clean.append((answer is not None and number_in(answer, r.completion)) or bool(r.visible.get("correct")))
+                clean.append(copied(v.answer_of(r), r))
         return leaked, clean
 
     def excess(rs: list[Rollout]) -> float | None:

@@ -122,9 +122,6 @@ def bootstrap_ci(deltas: Sequence[float] | np.ndarray, level: float = 0.95, n_re
         v = float(d[0])
         return ConfidenceInterval(v, v, level, "degenerate",
                                   f"all {d.size} deltas equal {v:g}: no variability to resample, CI is a point")
-    if d.size < 2:  # unreachable (ptp of one value is 0) but kept for clarity
-        v = float(d[0])
-        return ConfidenceInterval(v, v, level, "degenerate", "a single task: no CI")
 
     def run(m: str):
         with warnings.catch_warnings():
