@@ -20,9 +20,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from evotrainer.collect import per_task_scores, verify
+from evotrainer.policy.collect import verify
+from evotrainer.records.scores import by_seed, task_scores
 from evotrainer.config import load_config
-from evotrainer.experiment import Experiment
+from evotrainer.loop.experiment import Experiment
 
 MODES = ("reference", "recipe-search", "evolve")
 
@@ -55,11 +56,12 @@ def timing(exp: Experiment) -> dict[str, float]:
 def test_scores(exp: Experiment, vid: str) -> dict[str, list[float]]:
     """The version verified on the test split (after the run: not part of its budget or timing)."""
     tc = exp.cfg.train
-    exp.load_adapter(vid)
-    rollouts = verify(exp.engine, exp.domain, exp.domain.tasks("test"), vid, max_new_tokens=tc.eval_max_new_tokens,
+    exp.runtime.load_adapter(vid, exp.vdir(vid).adapter_dir)
+    rt = exp.runtime
+    rollouts = verify(rt.engine, rt.domain, rt.domain.tasks("test"), vid, max_new_tokens=tc.eval_max_new_tokens,
                       temperature=tc.eval_temperature, seeds=tc.eval_seeds)
-    exp.unload_adapter(vid)
-    return per_task_scores(rollouts)
+    exp.runtime.unload_adapter(vid)
+    return by_seed(task_scores(rollouts))
 
 
 def mean_score(scores: dict[str, list[float]]) -> float:
@@ -120,7 +122,7 @@ def main() -> None:
             exp = Experiment(cfg)
             exp.run()
             best = best_version(exp)
-            scores = per_task_scores(exp.vdir(best.id).rollouts("heldout"))
+            scores = by_seed(task_scores(exp.vdir(best.id).rollouts("heldout")))
             row = {"seed": seed, "best": best.id, "heldout": best.metrics["heldout_accuracy"], "scores": scores,
                    "versions": len(exp.versions()), **timing(exp)}
             if not args.no_test:
@@ -137,9 +139,10 @@ def main() -> None:
     base = None
     if not args.no_test:  # the untrained base model on the same split: does training help at all?
         tc = exp.cfg.train
-        base = mean_score(per_task_scores(verify(exp.engine, exp.domain, exp.domain.tasks("test"), None,
-                                                 max_new_tokens=tc.eval_max_new_tokens,
-                                                 temperature=tc.eval_temperature, seeds=tc.eval_seeds)))
+        rt = exp.runtime
+        base = mean_score(by_seed(task_scores(verify(rt.engine, rt.domain, rt.domain.tasks("test"), None,
+                                                     max_new_tokens=tc.eval_max_new_tokens,
+                                                     temperature=tc.eval_temperature, seeds=tc.eval_seeds))))
 
     print(f"\nequal budget: {args.steps} training steps per run; seeds {args.seeds}")
     split = "held-out" if args.no_test else "test"

@@ -22,7 +22,7 @@ from evotrainer.policy.base_model import CHATML_TEMPLATE, tiny_config
 from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer, group_advantages, per_token_logps
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
-from evotrainer.rollout import Rollout
+from evotrainer.records.rollout import Rollout
 
 ARCHS = {
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,

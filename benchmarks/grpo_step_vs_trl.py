@@ -89,7 +89,7 @@ def generate_batch(args, out: Path) -> dict:
     """Samples the batch once with our engine and writes it (rollouts + advantages) to ``out``."""
     from evotrainer.policy.grpo import group_advantages
     from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
-    from evotrainer.rollout import Rollout, save_rollouts
+    from evotrainer.records.rollout import Rollout, save_rollouts
 
     model, tok = load_base_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
     policy = Policy(model, tok, LoraSettings())
@@ -122,7 +122,7 @@ def generate_batch(args, out: Path) -> dict:
 
 
 def load_batch(data: Path):
-    from evotrainer.rollout import load_rollouts
+    from evotrainer.records.rollout import load_rollouts
 
     return load_rollouts(data / "rollouts.jsonl"), json.loads((data / "advantages.json").read_text())
 

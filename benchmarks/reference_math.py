@@ -15,10 +15,10 @@ import statistics
 import tempfile
 import time
 
-from evotrainer.collect import per_task_scores
-from evotrainer.branch import VersionDir
+from evotrainer.records.scores import by_seed, task_scores
+from evotrainer.records.version import VersionDir
 from evotrainer.config import load_config
-from evotrainer.train import train_branch
+from evotrainer.loop.train_branch import train_branch
 
 
 def main() -> None:
@@ -42,8 +42,8 @@ def main() -> None:
         t0 = time.perf_counter()
         res = train_branch(cfg)
         v = VersionDir(res.version_dir)
-        before = per_task_scores(v.rollouts("heldout_base"))
-        after = per_task_scores(v.rollouts("heldout"))
+        before = by_seed(task_scores(v.rollouts("heldout_base")))
+        after = by_seed(task_scores(v.rollouts("heldout")))
         rows.append(dict(seed=seed, before=res.heldout_before, after=res.heldout_after,
                          delta=res.heldout_after - res.heldout_before, seconds=time.perf_counter() - t0,
                          train_reward_first=res.steps[0].get("reward_mean") if res.steps else None,

@@ -20,7 +20,7 @@ import statistics
 import time
 
 from evotrainer.genome import Harness, Sandbox, reference_program
-from evotrainer.rollout import Rollout
+from evotrainer.records.rollout import Rollout
 
 GOAL = 50_000
 

@@ -15,13 +15,14 @@ _API = {
     "Config": "evotrainer.config", "load_config": "evotrainer.config", "parse_config": "evotrainer.config",
     "ConfigError": "evotrainer.config",
     "Task": "evotrainer.domains.task", "get_domain": "evotrainer.domains",
-    "Rollout": "evotrainer.rollout", "Group": "evotrainer.rollout",
+    "Rollout": "evotrainer.records.rollout", "Group": "evotrainer.records.rollout",
     "load_base_model": "evotrainer.policy.base_model", "Policy": "evotrainer.policy.lora",
     "LoraSettings": "evotrainer.policy.lora", "TransformersEngine": "evotrainer.policy.rollout_engine",
     "SamplingParams": "evotrainer.policy.rollout_engine", "GRPOConfig": "evotrainer.policy.grpo",
-    "GRPOTrainer": "evotrainer.policy.grpo", "train_branch": "evotrainer.train",
+    "GRPOTrainer": "evotrainer.policy.grpo", "train_branch": "evotrainer.loop.train_branch",
     "HarnessProgram": "evotrainer.genome.program", "Harness": "evotrainer.genome.harness",
-    "BranchVersion": "evotrainer.branch", "VersionDir": "evotrainer.branch",
+    "BranchVersion": "evotrainer.records.version", "VersionDir": "evotrainer.records.version",
+    "Experiment": "evotrainer.loop.experiment",
 }
 
 __all__ = sorted(_API) + ["__version__"]

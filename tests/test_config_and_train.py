@@ -5,8 +5,8 @@ import json
 import pytest
 import yaml
 
-from evotrainer.branch import VersionDir
-from evotrainer.cli import main
+from evotrainer.records.version import VersionDir
+from evotrainer.cli.app import main
 from evotrainer.config import ConfigError, load_config, parse_config
 
 
@@ -95,7 +95,7 @@ def test_readme_config_reference_covers_every_field():
 
 
 def test_knob_override_outside_the_harness_space_is_a_config_error(tmp_path, capsys):
-    from evotrainer.cli import main
+    from evotrainer.cli.app import main
 
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump({"model": "tiny-random", "run_dir": str(tmp_path / "r"),

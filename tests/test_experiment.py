@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from evotrainer.config import parse_config
-from evotrainer.experiment import Experiment
-from evotrainer.run_state import load_state
+from evotrainer.loop.experiment import Experiment
+from evotrainer.records.run_state import load_state
 
 TERMINAL = {"kept", "promoted", "rejected", "invalid", "pruned"}
 
@@ -118,7 +118,7 @@ def test_an_llm_call_budget_stops_the_run_cleanly(tmp_path):
 
 
 def test_human_gate_pauses_until_approve_or_reject(tmp_path):
-    from evotrainer.cli import main
+    from evotrainer.cli.app import main
 
     run_dir = tmp_path / "run"
     cfg = tiny_cfg(run_dir, human_gate=True, generations=2, operators={"knobs": 1.0})
@@ -148,7 +148,7 @@ def test_resume_after_kill_9_at_several_points(tmp_path):
     run_dir = tmp_path / "run"
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(tiny_cfg(run_dir)))
-    cli = [sys.executable, "-m", "evotrainer.cli"]
+    cli = [sys.executable, "-m", "evotrainer.cli.app"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # Each kill lands at a different stage: mid-training, mid-verification, mid-proposal, mid-gate.
     markers = ["gen 1: training v0002", "gen 1: verifying v0003", "proposed v0005", "gen 2: verifying v0005"]

@@ -11,12 +11,12 @@ import pytest
 
 from evotrainer.fitness.backtest import backtest, parse_expectation
 from evotrainer.fitness.cache import write_version
-from evotrainer.fitness.commands import register
+from evotrainer.cli.fitness import register
 from evotrainer.fitness.labels import LabelledCase, LabelStore, score_diagnostics
-from evotrainer.fitness.planted import LEAK_CHECK
+from evotrainer.loop.planted import LEAK_CHECK
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
-from evotrainer.rollout import Rollout
+from evotrainer.records.rollout import Rollout
 
 # Reference recipe + format bonus: a denser reward that revives dead groups whose format varies.
 FORMAT_BONUS = '''

@@ -13,8 +13,8 @@ import pytest
 from evotrainer.fitness.cache import write_version
 from evotrainer.fitness.gates import GateConfig, gate
 from evotrainer.fitness.labels import LabelStore
-from evotrainer.fitness.planted import LEAK_CHECK
-from evotrainer.rollout import Rollout
+from evotrainer.loop.planted import LEAK_CHECK
+from evotrainer.records.rollout import Rollout
 
 FLAGS_EVERYTHING = '''
 def validity(rollouts, metrics, history):
@@ -126,7 +126,7 @@ def test_missing_heldout_verification_is_invalid(tmp_path, parent):
 
 def test_tampered_cache_is_caught(tmp_path):
     """A real version dir (with config.json, so the domain is rebuilt) whose held-out verdict was edited."""
-    from evotrainer.fitness.planted import planted_leak_scenario
+    from evotrainer.loop.planted import planted_leak_scenario
 
     src = planted_leak_scenario()["honest"]
     dst = tmp_path / "tampered"

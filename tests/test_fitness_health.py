@@ -9,13 +9,14 @@ import json
 
 import pytest
 
-from evotrainer.branch import VersionDir
-from evotrainer.collect import accuracy
+from evotrainer.records.version import VersionDir
+from evotrainer.records.scores import heldout_accuracy as accuracy
 from evotrainer.fitness.cache import write_version
-from evotrainer.fitness.commands import register
-from evotrainer.fitness.health import SEVERITY_RANK, health_report, outcome_flow
-from evotrainer.fitness.planted import planted_leak_scenario
-from evotrainer.rollout import Rollout, group_rollouts
+from evotrainer.cli.fitness import register
+from evotrainer.fitness.engine_metrics import outcome_flow
+from evotrainer.fitness.health import SEVERITY_RANK, health_report
+from evotrainer.loop.planted import planted_leak_scenario
+from evotrainer.records.rollout import Rollout, group_rollouts
 
 
 @pytest.fixture(scope="module")
@@ -97,18 +98,17 @@ def test_report_command(dirs, capsys):
 
 def test_cli_plugs_the_fitness_commands():
     """report, backtest and gate are reachable from the main command line."""
-    from evotrainer import cli
+    from evotrainer.cli import app as cli
+    from evotrainer.cli import fitness
 
-    assert "evotrainer.fitness.commands" in cli.PLUGGED
+    assert fitness in cli.COMMAND_GROUPS
     sub = cli.build_parser()._subparsers._group_actions[0].choices
     assert {"report", "backtest", "gate"} <= set(sub)
 
 
 def test_commands_work_through_the_cli_once_plugged(dirs, monkeypatch, capsys):
-    from evotrainer import cli
+    from evotrainer.cli import app as cli
 
-    if "evotrainer.fitness.commands" not in cli.PLUGGED:
-        monkeypatch.setattr(cli, "PLUGGED", cli.PLUGGED + ("evotrainer.fitness.commands",))
     assert cli.main(["report", str(dirs["honest"]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["engine"]["train_rollouts"] == 24
     assert cli.main(["gate", str(dirs["leaky"]), "--parent", str(dirs["honest"])]) == 1

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from evotrainer.genome import reference_program
-from evotrainer.genome.commands import register, sample_batch
+from evotrainer.cli.genome import register, sample_batch
 from evotrainer.genome.program import REFERENCE_PATH
-from evotrainer.rollout import save_rollouts
+from evotrainer.records.rollout import save_rollouts
 
 
 def run_cli(argv, capsys):

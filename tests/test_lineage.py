@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.branch import BranchVersion, VersionDir
+from evotrainer.records.version import BranchVersion, VersionDir
 
 GENOME = "KNOBS = {'learning_rate': {'low': 1e-6, 'high': 1e-3, 'default': 1e-5}}\n"
 
@@ -46,7 +46,7 @@ def build_run(run_dir: Path) -> dict[str, BranchVersion]:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """A run recorded twice by two trackers (the second one plays a resumed loop)."""
-    from evotrainer.lineage import LineageTracker
+    from evotrainer.tracking.lineage import LineageTracker
 
     run_dir = tmp_path_factory.mktemp("run")
     versions = build_run(run_dir)
@@ -132,7 +132,7 @@ def test_new_steps_and_later_gate_update_the_same_run(recorded):
 
 
 def test_child_recorded_first_records_its_parents(recorded, tmp_path):
-    from evotrainer.lineage import LineageTracker
+    from evotrainer.tracking.lineage import LineageTracker
 
     build_run(tmp_path)
     # Another run in the already-migrated store (creating a sqlite store costs seconds).

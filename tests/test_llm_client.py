@@ -182,7 +182,7 @@ def test_mutate_command_with_an_llm_server(capsys):
     from pathlib import Path
 
     from evotrainer.genome.program import REFERENCE_PATH
-    from evotrainer.operators.commands import main
+    from evotrainer.cli.mutate import main
 
     reply = (Path(__file__).parent / "fixtures" / "llm_replies" / "diff_keep_groups.txt").read_text()
     with ChatServer([("ok", reply), ("ok", "I think you should raise the learning rate.")]) as srv:

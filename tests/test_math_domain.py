@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evotrainer.domains import Domain, get_domain, known_domains, register_domain
-from evotrainer.domains.math_domain import MathDomain
-from evotrainer.domains.math_loaders import TaskFormatError, load_gsm8k, load_jsonl_tasks, load_math
-from evotrainer.domains.math_tasks import (
+from evotrainer.domains.math.domain import MathDomain
+from evotrainer.domains.math.loaders import TaskFormatError, load_gsm8k, load_jsonl_tasks, load_math
+from evotrainer.domains.math.tasks import (
     ANSWER_INSTRUCTION,
     LEVELS,
     TEMPLATE_FAMILIES,
@@ -22,7 +22,7 @@ from evotrainer.domains.math_tasks import (
     level_capacity,
     make_splits,
 )
-from evotrainer.domains.math_verifier import extract_answer, verify_batch, verify_math
+from evotrainer.domains.math.verifier import extract_answer, verify_batch, verify_math
 from evotrainer.domains.task import SPLITS, text_key
 
 ALL_LEVELS = list(LEVELS)

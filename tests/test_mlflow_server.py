@@ -84,7 +84,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 def test_runs_parents_and_artifacts_through_rest(server, tmp_path):
-    from evotrainer.lineage import LineageTracker
+    from evotrainer.tracking.lineage import LineageTracker
 
     run_dir = tmp_path / "run"
     versions = build_run(run_dir)

@@ -21,7 +21,7 @@ from evotrainer.operators import (
     registry,
     run_operator,
 )
-from evotrainer.operators.commands import main as mutate_main
+from evotrainer.cli.mutate import main as mutate_main
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_FILE = ROOT / "evotrainer" / "genome" / "reference_harness.py"

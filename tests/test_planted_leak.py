@@ -19,12 +19,12 @@ What each test proves, honestly:
 
 import pytest
 
-from evotrainer.branch import VersionDir
+from evotrainer.records.version import VersionDir
 from evotrainer.fitness.backtest import backtest
 from evotrainer.fitness.cache import CachedVersion
 from evotrainer.fitness.gates import gate
 from evotrainer.fitness.labels import LabelStore
-from evotrainer.fitness.planted import FORMAT_ONLY, LEAK_CHECK, planted_leak_scenario
+from evotrainer.loop.planted import FORMAT_ONLY, LEAK_CHECK, planted_leak_scenario
 from evotrainer.genome.program import HarnessProgram
 
 

@@ -9,7 +9,7 @@ from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer, group_advantages, per_token_logps
 from evotrainer.policy.lora import AdapterNotAppliedError, LoraSettings, Policy
 from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
-from evotrainer.rollout import Rollout
+from evotrainer.records.rollout import Rollout
 
 PROMPTS = [[{"role": "user", "content": f"Count to {i}."}] for i in range(1, 6)]
 

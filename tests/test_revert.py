@@ -2,12 +2,12 @@
 held-out statistics) is replaced by that ancestor, whose adapter and harness the next generation
 continues; a survivor that is only noisily worse is kept."""
 
-from evotrainer.branch import BranchVersion
+from evotrainer.records.version import BranchVersion
 from evotrainer.config import parse_config
-from evotrainer.experiment import Experiment
+from evotrainer.loop.experiment import Experiment
 from evotrainer.genome.program import reference_program
-from evotrainer.rollout import Rollout
-from evotrainer.stages import revert_regressed, revert_target
+from evotrainer.records.rollout import Rollout
+from evotrainer.loop.revert import revert_regressed, revert_target
 
 from test_experiment import tiny_cfg
 
@@ -25,9 +25,9 @@ def make_version(exp, vid, parents, generation, n_correct, status="kept"):
     program = reference_program()
     vd.save_genome(program.source)
     vd.save_rollouts("heldout", heldout(n_correct))
-    exp.policy.create(vid)
-    exp.policy.save(vid, vd.adapter_dir)   # a real (tiny) LoRA adapter for the continuation to copy
-    exp.policy.remove(vid)
+    exp.runtime.policy.create(vid)
+    exp.runtime.policy.save(vid, vd.adapter_dir)   # a real (tiny) LoRA adapter for the continuation to copy
+    exp.runtime.policy.remove(vid)
     vd.save_meta(BranchVersion(id=vid, base_model="tiny-random", genome_hash=program.hash, parents=parents,
                                status=status, generation=generation,
                                metrics={"heldout_accuracy": n_correct / N_TASKS}))

@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from evotrainer.genome.commands import sample_batch
+from evotrainer.cli.genome import sample_batch
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import Sandbox, SandboxError, SandboxLimits
 

@@ -7,7 +7,7 @@ import pytest
 
 from evotrainer.domains.task import Task
 from evotrainer.genome import Harness, HarnessProgram, SandboxError, check_contract, reference_program
-from evotrainer.rollout import Rollout, group_rollouts
+from evotrainer.records.rollout import Rollout, group_rollouts
 
 CORRECT = [[1, 1, 1, 1], [1, 0, 1, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evotrainer.skills import (
+from evotrainer.loop.skills import (
     SkillLibrary,
     derive_trigger,
     normalise_diff,
@@ -143,7 +143,7 @@ def test_skills_command(tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    from evotrainer import run_commands
+    from evotrainer.cli import inspect as run_commands
 
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
     SkillLibrary(tmp_path / "run" / "skills.json").record_confirmed(

@@ -15,7 +15,7 @@ from evotrainer.domains.task import SPLITS, Task, text_key
 
 # name -> "module:attribute" (lazy) or a factory registered at runtime.
 _REGISTRY: dict[str, str | Callable[..., Domain]] = {
-    "math": "evotrainer.domains.math_domain:MathDomain",
+    "math": "evotrainer.domains.math.domain:MathDomain",
 }
 
 
@@ -39,4 +39,10 @@ def get_domain(name: str, **kwargs: Any) -> Domain:
     return factory(**kwargs)
 
 
-__all__ = ["SPLITS", "Domain", "Task", "get_domain", "known_domains", "register_domain", "text_key"]
+def build_domain(spec: Any) -> Domain:
+    """The domain a ``domain:`` config section describes (any object with its fields)."""
+    return get_domain(spec.name, n_train=spec.n_train, n_heldout=spec.n_heldout, n_test=spec.n_test,
+                      difficulty=spec.difficulty, seed=spec.seed, leak_share=spec.leak_share, files=spec.files)
+
+
+__all__ = ["SPLITS", "Domain", "Task", "build_domain", "get_domain", "known_domains", "register_domain", "text_key"]

@@ -29,12 +29,14 @@ from typing import Any
 
 from scipy.stats import spearmanr
 
-from evotrainer.fitness.cache import CachedVersion, finite_or_none, is_dead, mean, outcome, pstd
+from evotrainer.fitness.cache import CachedVersion
+from evotrainer.records.numeric import finite_or_none, is_dead, mean, pstd
+from evotrainer.records.scores import correct as outcome
 from evotrainer.fitness.labels import DiagnosticsScore, LabelledCase, LabelStore, score_diagnostics
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.intervention import EFFECT_OPS, ExpectedEffect
-from evotrainer.rollout import Rollout, group_rollouts
+from evotrainer.records.rollout import Rollout, group_rollouts
 
 
 def parse_expectation(text: str | dict | ExpectedEffect) -> ExpectedEffect:

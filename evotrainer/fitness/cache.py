@@ -5,78 +5,26 @@ task data (answers, which train prompts carry a planted leak) is rebuilt from th
 ``config.json`` with the same domain constructor training used; a harness never sees it. A version
 without a config (e.g. written by hand) still loads: leak detection then reads the planted
 ``(Reference note: N)`` text in the prompt, and correctness falls back to the stored verdicts.
-
-Also the small numeric helpers every fitness module shares (population std, dead groups, ...), so
-that "dead group" means exactly one thing across reports, backtests and gates.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evotrainer.branch import BranchVersion, VersionDir
+from evotrainer.config import parse_config
+from evotrainer.domains import build_domain
 from evotrainer.domains.task import Task
+from evotrainer.fitness.leak import LEAK_NOTE
 from evotrainer.genome.program import HarnessProgram, reference_program
-from evotrainer.rollout import Rollout
-from evotrainer.numeric import finite_or_none  # noqa: F401 - re-exported for fitness modules
+from evotrainer.records.rollout import Rollout
+from evotrainer.records.version import BranchVersion, VersionDir
 
 log = logging.getLogger(__name__)
-DEAD_STD = 1e-6                      # a group whose reward std is below this carries no signal
-_LEAK_RE = re.compile(r"\(Reference note:\s*([^)]*)\)")   # evotrainer.domains.math_tasks.LEAK_TEMPLATE
-
-
-# ---- numeric helpers ------------------------------------------------------------------------------
-def mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
-def pstd(xs: Sequence[float]) -> float:
-    """Population std, what GRPO normalises by (0 for fewer than two values)."""
-    if len(xs) < 2:
-        return 0.0
-    m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
-
-
-def percentile(xs: Sequence[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def is_dead(rewards: Sequence[float]) -> bool:
-    return pstd(rewards) < DEAD_STD
-
-
-
-def outcome(r: Rollout) -> bool:
-    """The engine's verdict of a rollout: hidden verification for held-out, the verifier's for train."""
-    return bool((r.hidden or r.visible).get("correct"))
-
-
-def number_in(answer: str, text: str) -> bool:
-    """Whether ``answer`` appears in ``text`` as a whole number/token (so '7' does not match '17')."""
-    answer = answer.strip()
-    if not answer:
-        return False
-    return re.search(r"(?<![\w.])" + re.escape(answer) + r"(?![\w]|\.\d)", text) is not None
-
-
-def copied(answer: str | None, r: Rollout) -> bool:
-    """Whether a train rollout gave ``answer`` (shown in its prompt, or the task's own): it wrote the
-    number, or the verifier found it correct. What the leak check counts as copying."""
-    return (answer is not None and number_in(answer, r.completion)) or bool(r.visible.get("correct"))
 
 
 # ---- a version on disk ----------------------------------------------------------------------------
@@ -123,7 +71,7 @@ class CachedVersion:
         if task is not None:
             return str(task.answer) if task.hidden.get("leaked") else None
         text = " ".join(m.get("content", "") for m in r.messages if m.get("role") == "user")
-        m = _LEAK_RE.search(text)
+        m = LEAK_NOTE.search(text)
         return m.group(1).strip() if m else None
 
     def answer_of(self, r: Rollout) -> str | None:
@@ -150,13 +98,8 @@ _DOMAINS: dict[str, tuple[Any, dict[str, Task]]] = {}
 
 
 def _build_domain(text: str, cfg_path: Path, path: Path) -> tuple[Any, dict[str, Task]]:
-    from evotrainer.config import parse_config
-    from evotrainer.domains import get_domain
-
     try:
-        d = parse_config(json.loads(text), str(cfg_path)).domain
-        domain = get_domain(d.name, n_train=d.n_train, n_heldout=d.n_heldout, n_test=d.n_test,
-                            difficulty=d.difficulty, seed=d.seed, leak_share=d.leak_share, files=d.files)
+        domain = build_domain(parse_config(json.loads(text), str(cfg_path)).domain)
     except (ValueError, OSError) as e:  # e.g. task files moved: judge from the cache alone
         log.warning("%s: cannot rebuild the domain (%s); engine checks that need it are not judged", path, e)
         return None, {}

@@ -19,11 +19,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from evotrainer.branch import write_atomic
+from evotrainer.fitness.cache import CachedVersion
+from evotrainer.fitness.leak import copied
 from evotrainer.genome.harness import Harness
-from evotrainer.rollout import Rollout, group_rollouts
+from evotrainer.records.rollout import Rollout, group_rollouts
+from evotrainer.records.version import VersionDir, write_atomic
+
+if TYPE_CHECKING:
+    from evotrainer.fitness.gates import GateDecision
+    from evotrainer.fitness.health import HealthReport
+    from evotrainer.fitness.validity import Check
 
 
 @dataclass
@@ -103,8 +110,6 @@ class LabelStore:
         """Labels materialised from their version dirs (labels whose dir is gone are skipped). Every
         branch label is used; rollout labels are capped (a seeded sample, half invalid and half valid
         where there are enough) because each case costs a few sandbox round trips."""
-        from evotrainer.branch import VersionDir
-
         out, cache = [], {}
 
         def rollouts(path: str, split: str) -> list[Rollout]:
@@ -175,3 +180,38 @@ def score_diagnostics(harness: Harness, cases: Sequence[LabelledCase]) -> Diagno
             vflags.append(False)
             aflags.append(False)
     return DiagnosticsScore(_score(vflags, cases), _score(aflags, cases), errors[:20])
+
+
+# ---- a gate's verdict as labelled history ---------------------------------------------------------
+def record_verdict(labels: LabelStore, v: CachedVersion, d: GateDecision, failed: list[Check],
+                   report: HealthReport) -> None:
+    """The verdict becomes labelled history; an engine-found invalidity the harness missed is a gap."""
+    genome_hash = v.meta.genome_hash if v.meta else v.program.hash
+    labels.label_branch(BranchLabel(str(v.path), not d.valid, [r for r in d.reasons if "paired" not in r],
+                                    "gate", genome_hash))
+    if any(c.name == "leak_used" for c in failed):  # the leak says which rollouts cheated
+        marks = []
+        for i, r in enumerate(v.train):
+            leak = v.leak_of(r)
+            if leak is not None:
+                used = copied(leak, r)
+                marks.append(RolloutLabel(str(v.path), "train", i, used, "leak_used" if used else "leak not used"))
+            else:
+                marks.append(RolloutLabel(str(v.path), "train", i, False, "clean prompt"))
+        labels.label_rollouts(marks)
+    if failed and not d.harness_violations:
+        gap = DiagnosticGap(str(v.path), genome_hash, [c.name for c in failed], {c.name: c.numbers for c in failed},
+                            [a["name"] for a in report.alerts if a.get("source") == "harness"], _suggest(failed))
+        labels.record_gap(gap)
+        d.gap = asdict(gap)
+
+
+def _suggest(failed: list[Check]) -> str:
+    names = {c.name for c in failed}
+    if "leak_used" in names:
+        return ("extend validity: flag completions that repeat information only training prompts carry "
+                "(e.g. a number given in a note of the prompt)")
+    if names & {"train_heldout_divergence", "reward_heldout_divergence"}:
+        return ("extend validity/alerts: flag training success that held-out verification does not confirm "
+                "(a shaped reward or correctness rising without held-out gains)")
+    return "extend validity: add a check that would have flagged " + ", ".join(sorted(names))

@@ -3,7 +3,7 @@
 GRPO advantages, clip-higher (0.2 / 0.28), no KL, temperature 1.0, group size 4, binary
 correctness reward from the verifier's visible verdict, no group filtering, and a standard set of
 metrics and alert rules. It is a real harness file (what evolution edits) and the fallback of every
-hook a genome leaves out. Hooks see plain JSON data (see evotrainer/rollout.py ``for_harness``);
+hook a genome leaves out. Hooks see plain JSON data (see evotrainer/records/rollout.py ``for_harness``);
 the engine adds ``reward`` and ``advantage`` to each rollout before ``metrics``/``validity``.
 
 Only allow-listed modules may be imported here: this file runs inside the sandbox too. Load it

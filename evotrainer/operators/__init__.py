@@ -5,7 +5,9 @@ Built-ins: ``llm_diff``, ``llm_rewrite``, ``llm_crossover``, ``llm_repair`` (LLM
 ``@register_operator("name")`` or the ``evotrainer.operators`` entry-point group.
 """
 
-from evotrainer.operators.base import REJECTION_KINDS, Evidence, Operator, OperatorError, make_intervention
+from evotrainer.operators.acceptance import make_intervention
+from evotrainer.operators.base import REJECTION_KINDS, Operator, OperatorError
+from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
 from evotrainer.operators.registry import (
     OperatorMix,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from evotrainer.numeric import finite_or_none as _finite
+from evotrainer.records.numeric import finite_or_none as _finite
+from evotrainer.genome.program import HarnessProgram
 
 # "<", ">", "<=", ">=" compare the metric after the change with ``value``;
 # "delta<", "delta>" compare the change (after - before) with ``value``.
@@ -25,7 +26,6 @@ FITNESS_METRIC = "heldout_score"
 @dataclass(frozen=True)
 class ExpectedEffect:
     """A checkable claim about one metric, e.g. ``dead_group_ratio < 0.3``."""
-
     metric: str
     op: str
     value: float
@@ -98,7 +98,6 @@ class Intervention:
 
     def child(self):
         """The child genome as a ``HarnessProgram``."""
-        from evotrainer.genome.program import HarnessProgram
 
         return HarnessProgram(self.child_source)
 

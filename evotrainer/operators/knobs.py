@@ -19,7 +19,9 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from evotrainer.operators.base import Evidence, OperatorError, make_intervention
+from evotrainer.operators.acceptance import make_intervention
+from evotrainer.operators.base import OperatorError
+from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
 
 optuna.logging.set_verbosity(logging.WARNING)

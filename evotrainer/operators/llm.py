@@ -13,7 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from evotrainer.operators import prompts
-from evotrainer.operators.base import Evidence, OperatorError, make_intervention
+from evotrainer.operators.acceptance import make_intervention
+from evotrainer.operators.base import OperatorError
+from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC, Intervention
 from evotrainer.operators.llm_client import BudgetExhausted, Completion, LLMClient, LLMError, make_client
 from evotrainer.operators.parsing import (
@@ -23,11 +25,14 @@ from evotrainer.operators.parsing import (
     parse_diff_reply,
     parse_rewrite_reply,
 )
+from evotrainer.genome.edits import apply_search_replace
+from evotrainer.genome.edits import crossover, factors_changed
+from evotrainer.genome.edits import rewrite_hook
+from evotrainer.genome.errors import GenomeError
 
 
 class LLMOperator:
     """Shared plumbing: a lazily made client, one call, parse, edit, accept."""
-
     name = "llm"
 
     def __init__(self, client: LLMClient | None = None, max_tokens: int = 1024, temperature: float = 0.7,
@@ -71,7 +76,6 @@ class LLMOperator:
         return reply
 
     def _edit(self, edit: Callable[[], Any], c: Completion) -> Any:
-        from evotrainer.genome.errors import GenomeError
 
         try:
             return edit()
@@ -100,11 +104,9 @@ class LLMOperator:
 
 class LLMDiffOperator(LLMOperator):
     """The LLM edits the parent with SEARCH/REPLACE blocks."""
-
     name = "llm_diff"
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
-        from evotrainer.genome.edits import apply_search_replace
 
         parent = self._one_parent(parents)
         c = self._ask(prompts.diff_messages(parent.source, evidence))
@@ -126,7 +128,6 @@ HOOK_WORDS = {
 
 class LLMRewriteOperator(LLMOperator):
     """The LLM writes one complete hook function; by default the hook the alerts point at."""
-
     name = "llm_rewrite"
 
     def __init__(self, client: LLMClient | None = None, hook: str | None = None, seed: int = 0, **kwargs: Any) -> None:
@@ -149,7 +150,6 @@ class LLMRewriteOperator(LLMOperator):
                                or list(HOOK_WORDS))
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
-        from evotrainer.genome.edits import rewrite_hook
 
         parent = self._one_parent(parents)
         hook = self.choose_hook(parent, evidence)
@@ -161,12 +161,10 @@ class LLMRewriteOperator(LLMOperator):
 
 class LLMCrossoverOperator(LLMOperator):
     """Two parents: the LLM picks which differing factor of parent B to copy into parent A."""
-
     name = "llm_crossover"
     n_parents = 2
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
-        from evotrainer.genome.edits import crossover, factors_changed
 
         if len(parents) < 2:
             raise OperatorError("llm_crossover needs two parents", "input")
@@ -198,7 +196,6 @@ class LLMRepairOperator(LLMOperator):
     name = "llm_repair"
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
-        from evotrainer.genome.edits import apply_search_replace
 
         parent = self._one_parent(parents)
         if not evidence.failed_source or not evidence.failure:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from evotrainer.operators.base import Evidence
+from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC
+from evotrainer.genome.contract import DEFAULT_ALLOWED_IMPORTS
+from evotrainer.genome.program import HOOK_PARAMS
 
 SEVERITY_ORDER = {"critical": 0, "error": 1, "warning": 2, "info": 3}
 
@@ -54,9 +56,6 @@ TAKE: <the factor to copy from harness B, exactly as listed above>"""
 
 def contract_text() -> str:
     """The harness contract, built from the genome package's own definitions so it cannot drift."""
-    from evotrainer.genome.contract import DEFAULT_ALLOWED_IMPORTS
-    from evotrainer.genome.program import HOOK_PARAMS
-
     hooks = "\n".join(f"  def {name}({', '.join(params)})" for name, params in HOOK_PARAMS.items())
     return (
         "A harness is one Python module. KNOBS is a dict literal: name -> {'value': v, 'range': [lo, hi] "

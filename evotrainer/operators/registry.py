@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from evotrainer.operators.base import Evidence, Operator, OperatorError
+from evotrainer.operators.base import Operator, OperatorError
+from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import Intervention
 
 ENTRY_POINT_GROUP = "evotrainer.operators"

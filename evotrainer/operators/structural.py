@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import random
 
-from evotrainer.operators.base import Evidence, OperatorError, make_intervention
+from evotrainer.operators.acceptance import make_intervention
+from evotrainer.operators.base import OperatorError
+from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
+from evotrainer.genome.edits import crossover, factors_changed
+from evotrainer.genome.errors import GenomeError
 
 
 class CrossoverOperator:
@@ -31,8 +35,6 @@ class CrossoverOperator:
         return sorted(shuffled, key=lambda f: f.partition(":")[2].lower() not in text)
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
-        from evotrainer.genome.edits import crossover, factors_changed
-        from evotrainer.genome.errors import GenomeError
 
         if len(parents) < 2:
             raise OperatorError("crossover needs two parents", "input")

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from evotrainer.rollout import Rollout
+from evotrainer.records.rollout import Rollout
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")

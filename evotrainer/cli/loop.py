@@ -11,7 +11,7 @@ console = Console(highlight=False)
 
 
 def _experiment(run_dir: str, progress=None):
-    from evotrainer.experiment import Experiment
+    from evotrainer.loop.experiment import Experiment
 
     return Experiment.resume(run_dir, on_event=lambda m: console.print(f"[dim]{m}[/dim]"), progress=progress)
 
@@ -25,7 +25,7 @@ def _run(exp) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from evotrainer.config import ConfigError, load_config
-    from evotrainer.experiment import Experiment
+    from evotrainer.loop.experiment import Experiment
 
     try:
         cfg = load_config(args.config)
@@ -38,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[red]{cfg.run_dir} already holds a run[/red]: continue it with "
                       f"`evotrainer resume {cfg.run_dir}` or choose another --run-dir")
         return 2
-    from evotrainer.progress import RichProgress
+    from evotrainer.loop.progress import RichProgress
 
     exp = Experiment(cfg, on_event=lambda m: console.print(f"[dim]{m}[/dim]"), progress=RichProgress(console))
     try:
@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from evotrainer.progress import RichProgress
+    from evotrainer.loop.progress import RichProgress
 
     exp = _experiment(args.run_dir, RichProgress(console))
     _run(exp)
@@ -60,7 +60,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from evotrainer.experiment import Experiment
+    from evotrainer.loop.experiment import Experiment
 
     exp = Experiment.resume(args.run_dir)
     s = exp.state

@@ -13,6 +13,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from evotrainer.genome.program import HarnessProgram
+from evotrainer.operators.base import OperatorError
+from evotrainer.operators.evidence import Evidence
 
 LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair")
 
@@ -37,8 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run_mutate(args: argparse.Namespace) -> int:
-    from evotrainer.genome.program import HarnessProgram
-    from evotrainer.operators.base import Evidence, OperatorError
     from evotrainer.operators.registry import accepted_kwargs, get_operator
 
     parents = [HarnessProgram.from_file(args.path)]
@@ -69,7 +70,7 @@ def run_mutate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m evotrainer.operators.commands``) until the CLI wires it in."""
+    """Standalone entry (``python -m evotrainer.cli.mutate``) until the CLI wires it in."""
     parser = argparse.ArgumentParser(prog="evotrainer")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)

@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from evotrainer.domains.math_tasks import ANSWER_INSTRUCTION, DOMAIN
-from evotrainer.domains.math_verifier import last_boxed
+from evotrainer.domains.math.tasks import ANSWER_INSTRUCTION, DOMAIN
+from evotrainer.domains.math.verifier import last_boxed
 from evotrainer.domains.task import SPLITS, Task
 
 # MATH answers are LaTeX expressions, so the number-only instruction would be wrong for them.

@@ -24,10 +24,8 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from evotrainer.branch import BranchVersion, write_atomic
-from evotrainer.lineage import validity
+from evotrainer.records.version import BranchVersion, write_atomic
 
-SCORE_KEYS = ("heldout_accuracy", "heldout_score")   # first present is the version's held-out score
 CMAP = "viridis"
 
 
@@ -37,15 +35,6 @@ def load_versions(run_dir: str | Path) -> list[BranchVersion]:
     return sorted(versions, key=lambda v: (v.generation, v.created, v.id))
 
 
-def heldout_score(v: BranchVersion) -> float | None:
-    for key in SCORE_KEYS:
-        if isinstance(v.metrics.get(key), (int, float)):
-            return float(v.metrics[key])
-    return None
-
-
-def is_invalid(v: BranchVersion) -> bool:
-    return validity(v) == "invalid"
 
 
 def layout(versions: list[BranchVersion]) -> dict[str, tuple[int, int]]:
@@ -78,7 +67,7 @@ def genealogy_figure(versions: list[BranchVersion], title: str = "") -> Figure:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     cmap = matplotlib.colormaps[CMAP]
-    norm = _score_norm([s for v in versions if (s := heldout_score(v)) is not None])
+    norm = _score_norm([s for v in versions if (s := v.heldout_accuracy) is not None])
     for v in versions:                      # edges first, so nodes are drawn over them
         for i, p in enumerate(v.parents):
             if p in pos:
@@ -87,9 +76,9 @@ def genealogy_figure(versions: list[BranchVersion], title: str = "") -> Figure:
                     "linestyle": "-" if i == 0 else "--", "connectionstyle": "arc3,rad=0.08" if i else "arc3"})
     for v in versions:
         x, y = pos[v.id]
-        s = heldout_score(v)
+        s = v.heldout_accuracy
         color = cmap(norm(s)) if s is not None else "lightgrey"
-        bad = is_invalid(v)
+        bad = v.is_invalid
         if v.status == "promoted" and not bad:
             ax.scatter([x], [y], s=520, facecolors="none", edgecolors="gold", linewidths=3, zorder=2)
         ax.scatter([x], [y], s=260, color=color, edgecolors="red" if bad else "black",
@@ -122,9 +111,9 @@ def fitness_figure(versions: list[BranchVersion], title: str = "") -> Figure:
     ax = fig.add_subplot()
     valid: dict[int, list[float]] = {}
     for v in versions:
-        if (s := heldout_score(v)) is not None and not is_invalid(v):
+        if (s := v.heldout_accuracy) is not None and not v.is_invalid:
             valid.setdefault(v.generation, []).append(s)
-    bad = [(v.generation, s) for v in versions if (s := heldout_score(v)) is not None and is_invalid(v)]
+    bad = [(v.generation, s) for v in versions if (s := v.heldout_accuracy) is not None and v.is_invalid]
     gens = sorted(valid)
     if gens:
         ax.plot(gens, [max(valid[g]) for g in gens], "o-", color="tab:green", label="best valid")
@@ -161,15 +150,15 @@ def genealogy_html(versions: list[BranchVersion], title: str, figures: list[Figu
     e = html.escape
     rows = []
     for v in versions:
-        bad = is_invalid(v)
+        bad = v.is_invalid
         why = "; ".join(str(x.get("message") or x.get("name") or x) for x in v.violations) or v.status
         verdict = f"&#10007; INVALID: {e(why)}" if bad else e(v.status)
         rows.append(f'<tr class="{"invalid" if bad else v.status}"><td>{e(v.id)}</td><td>{v.generation}</td>'
                     f"<td>{e(', '.join(v.parents) or '—')}</td><td>{e(v.operator or 'seed')}</td>"
-                    f"<td>{e(v.factor or '—')}</td><td>{_fmt(heldout_score(v))}</td><td>{verdict}</td></tr>")
-    scored = [(heldout_score(v), v.id) for v in versions if heldout_score(v) is not None and not is_invalid(v)]
+                    f"<td>{e(v.factor or '—')}</td><td>{_fmt(v.heldout_accuracy)}</td><td>{verdict}</td></tr>")
+    scored = [(v.heldout_accuracy, v.id) for v in versions if v.heldout_accuracy is not None and not v.is_invalid]
     best = max(scored) if scored else None
-    summary = (f"{len(versions)} versions, {sum(map(is_invalid, versions))} invalid"
+    summary = (f"{len(versions)} versions, {sum(v.is_invalid for v in versions)} invalid"
                + (f", best valid {best[1]} ({best[0]:.3f})" if best else ""))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{e(title)}</title>

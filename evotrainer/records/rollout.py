@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 
 @dataclass
@@ -74,6 +74,13 @@ def group_rollouts(rollouts: Iterable[Rollout]) -> list[Group]:
             groups[key] = Group(r.task_id, [])
         groups[key].rollouts.append(r)
     return list(groups.values())
+
+
+def last_steps(rollouts: Sequence[Rollout], window: int) -> list[Rollout]:
+    """The rollouts of the last ``window`` training steps (all of them for ``window <= 0``)."""
+    steps = sorted({r.step for r in rollouts})
+    keep = set(steps[-window:]) if window > 0 else set(steps)
+    return [r for r in rollouts if r.step in keep]
 
 
 def save_rollouts(path: str | Path, rollouts: Iterable[Rollout]) -> int:

@@ -1,7 +1,7 @@
 """``genome`` CLI commands: check a harness file, run one of its hooks in the sandbox.
 
 ``register(subparsers)`` adds the command to the main CLI's argparse subparsers; each subcommand
-sets ``func(args) -> int`` (the exit status). Standalone: ``python -m evotrainer.genome.commands``.
+sets ``func(args) -> int`` (the exit status). Standalone: ``python -m evotrainer.cli.genome``.
 
     genome check PATH                      ok <hash>            | exit 1, one line naming the problem
     genome run PATH --hook NAME [--rollouts FILE.jsonl] [--timeout S]
@@ -16,12 +16,12 @@ import sys
 import time
 from typing import Any
 
-from ..domains.task import Task
-from ..rollout import Rollout, group_rollouts, load_rollouts
-from .contract import check_contract
-from .errors import ContractError
-from .program import HOOKS, HarnessProgram
-from .sandbox import Sandbox, SandboxError, SandboxLimits
+from evotrainer.domains.task import Task
+from evotrainer.records.rollout import Rollout, group_rollouts, load_rollouts
+from evotrainer.genome.contract import check_contract
+from evotrainer.genome.errors import ContractError
+from evotrainer.genome.program import HOOKS, HarnessProgram
+from evotrainer.genome.sandbox import Sandbox, SandboxError, SandboxLimits
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from evotrainer.rollout import Rollout, load_rollouts
+from evotrainer.records.rollout import Rollout, load_rollouts
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -50,6 +50,17 @@ class BranchVersion:
     decision: dict[str, Any] | None = None   # the gate's decision record (numbers and reasons)
     violations: list[dict[str, Any]] = field(default_factory=list)  # validity findings (invalid if any)
     knobs: dict[str, Any] = field(default_factory=dict)              # the recipe knob values it trained with
+
+    @property
+    def is_invalid(self) -> bool:
+        """Marked invalid by a gate or a validity finding: never promoted, whatever it scores."""
+        return bool(self.violations) or self.status == "invalid"
+
+    @property
+    def heldout_accuracy(self) -> float | None:
+        """The fitness: held-out accuracy, once verified (None before)."""
+        x = self.metrics.get("heldout_accuracy")
+        return float(x) if isinstance(x, (int, float)) else None
 
     @classmethod
     def load(cls, version_dir: str | Path) -> "BranchVersion":

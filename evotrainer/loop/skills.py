@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evotrainer.branch import write_atomic
-from evotrainer.numeric import finite_or_none as _finite
+from evotrainer.records.version import write_atomic
+from evotrainer.records.numeric import finite_or_none as _finite
 
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
        "!=": operator.ne}

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
+from evotrainer.loop.skills import SkillLibrary, user_library_path
 
 console = Console(highlight=False)
 
@@ -35,15 +36,15 @@ def _label(v, score: float | None, invalid: bool) -> str:
 
 def lineage_tree(run_dir: str | Path) -> Tree:
     """Each version under its first parent (the branch it forked from); a crossover names its others."""
-    from evotrainer.plots import heldout_score, is_invalid, load_versions
+    from evotrainer.tracking.plots import load_versions
 
     versions = load_versions(run_dir)
     root = Tree(f"[bold]{Path(run_dir).resolve().name}[/bold] ({len(versions)} versions, "
-                f"{sum(map(is_invalid, versions))} invalid)")
+                f"{sum(v.is_invalid for v in versions)} invalid)")
     nodes = {}
     for v in versions:                      # parents come first: load_versions sorts by generation
         under = nodes.get(v.parents[0], root) if v.parents else root
-        nodes[v.id] = under.add(_label(v, heldout_score(v), is_invalid(v)))
+        nodes[v.id] = under.add(_label(v, v.heldout_accuracy, v.is_invalid))
     return root
 
 
@@ -53,7 +54,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         return 2
     console.print(lineage_tree(args.run_dir))
     if args.plot:
-        from evotrainer.plots import fitness_plot, genealogy_plot
+        from evotrainer.tracking.plots import fitness_plot, genealogy_plot
 
         png, page = genealogy_plot(args.run_dir)
         console.print(f"genealogy: {png}  {page}\nfitness:   {fitness_plot(args.run_dir)}")
@@ -78,7 +79,6 @@ def skills_table(library, title: str) -> Table:
 
 
 def cmd_skills(args: argparse.Namespace) -> int:
-    from evotrainer.skills import SkillLibrary, user_library_path
 
     sources = []
     if args.run:

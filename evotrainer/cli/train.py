@@ -1,26 +1,15 @@
-"""The ``evotrainer`` command line.
-
-    evotrainer run CONFIG             the co-evolution loop; resume/status/approve/reject RUN_DIR
-    evotrainer train CONFIG           train one branch under its harness, print held-out before/after
-    evotrainer genome check|run ...   check a harness genome, run one hook in the sandbox
-    evotrainer mutate PATH ...        propose an intervention with an operator
-"""
+"""``evotrainer train CONFIG``: one branch under its harness, held-out accuracy before and after."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
-from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False)
+from evotrainer.config import ConfigError, load_config
 
-# Subcommands other modules contribute: module path -> register(subparsers)
-PLUGGED = ("evotrainer.loop_commands", "evotrainer.genome.commands", "evotrainer.operators.commands",
-           "evotrainer.fitness.commands", "evotrainer.run_commands")
+console = Console(highlight=False)
 
 
 def _fmt(v) -> str:
@@ -28,8 +17,9 @@ def _fmt(v) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from evotrainer.config import ConfigError, load_config
-    from evotrainer.train import STEP_COLUMNS, train_branch
+    # The trainer pulls in torch and transformers: imported only when a branch is really trained.
+    from evotrainer.loop.train_branch import train_branch
+    from evotrainer.policy.train_step import STEP_COLUMNS
 
     try:
         cfg = load_config(args.config)
@@ -61,27 +51,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evotrainer", description="RL training that evolves its own harness.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one branch under the reference recipe (or a harness file)")
     p.add_argument("config", help="YAML config file")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--run-dir", help="override run_dir (the version directory written)")
     p.set_defaults(func=cmd_train)
-    for module in PLUGGED:
-        try:
-            importlib.import_module(module).register(sub)
-        except ModuleNotFoundError as e:  # a plugged module not built yet must not break the rest
-            if e.name != module:
-                raise
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

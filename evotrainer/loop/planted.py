@@ -26,13 +26,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from evotrainer.branch import BranchVersion, VersionDir
+from evotrainer.records.version import BranchVersion, VersionDir
 from evotrainer.config import Config, parse_config
 from evotrainer.fitness.backtest import replay
 from evotrainer.fitness.cache import CachedVersion
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
-from evotrainer.rollout import group_rollouts
+from evotrainer.records.rollout import group_rollouts
+from evotrainer.genome.edits import rewrite_hook
+from evotrainer.loop.train_branch import train_branch
+from evotrainer.policy.base_model import load_tokenizer
 
 FIXTURES = Path(__file__).with_name("fixtures")
 FORMAT_ONLY = FIXTURES / "format_only_harness.py"
@@ -64,7 +67,6 @@ def copy_leak(src: str | Path, dst: str | Path, genome: str | Path | None = None
     Only those rollouts change (completion, tokens, verdict); rewards, group filter and advantages
     are then recomputed by ``genome`` (default: ``src``'s own) exactly as the trainer would.
     """
-    from evotrainer.policy.base_model import load_tokenizer
 
     v = CachedVersion.load(src)
     if v.domain is None:
@@ -109,7 +111,6 @@ def reference_child(hook_file: str | Path) -> HarnessProgram:
     """The reference harness with the hooks ``hook_file`` defines swapped in: what an operator's hook
     rewrite of the reference would produce. A seed genome needs the reference's KNOBS declared in its
     own source, because the trainer writes the config's knob overrides into the genome it trains."""
-    from evotrainer.genome.edits import rewrite_hook
 
     program = reference_program()
     for hook, source in HarnessProgram.from_file(hook_file).hooks.items():
@@ -119,8 +120,6 @@ def reference_child(hook_file: str | Path) -> HarnessProgram:
 
 def build_scenario(root: str | Path, **config: Any) -> dict[str, Path]:
     """Trains honest and leaky_e2e under ``root`` (``config``: ``tiny_config`` overrides) and builds leaky."""
-    from evotrainer.train import train_branch
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     hack = root / "format_only_genome.py"

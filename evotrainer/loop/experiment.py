@@ -12,23 +12,39 @@ finished work and duplicates nothing (stages are idempotent; MLflow records are 
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from evotrainer.branch import VersionDir
-from evotrainer.config import Config
+from rich.console import Console
+
+from evotrainer.config import Config, parse_config
+from evotrainer.fitness.labels import LabelStore
 from evotrainer.genome.program import HarnessProgram
-from evotrainer.progress import NullProgress
-from evotrainer.resources import BudgetReached, Resources
-from evotrainer.run_state import RunState, load_state, save_state
-from evotrainer.selection import Candidate, survivors as select_survivors
-from evotrainer.stages import (SETTLED, gate_version, new_version, propose_children, revert_regressed, train_version,
-                               verify_version)
+from evotrainer.loop.budgets import BudgetReached, Budgets
+from evotrainer.loop.gating import gate_version
+from evotrainer.loop.operator_mix import operator_mix
+from evotrainer.loop.progress import NullProgress
+from evotrainer.loop.proposals import propose_children
+from evotrainer.loop.revert import revert_regressed
+from evotrainer.loop.runtime import Runtime
+from evotrainer.loop.selection import Candidate, survivors as select_survivors
+from evotrainer.loop.skills import SkillLibrary
+from evotrainer.loop.summary import print_summary
+from evotrainer.loop.train_branch import seed_program
+from evotrainer.loop.training import train_version, verify_version
+from evotrainer.loop.versions import SETTLED, new_version
+from evotrainer.records.run_state import RunState, load_state, save_state
+from evotrainer.records.version import VersionDir
+from evotrainer.tracking.lineage import LineageTracker
 
 
-class Experiment(Resources):
+class Experiment:
+    """A run: its config, its state on disk, what it spends (``budgets``) and the heavy parts it
+    holds (``runtime``: tasks, model and branches, rollout engine); the stages act on it."""
+
     def __init__(self, cfg: Config, run_dir: str | Path | None = None, on_event: Callable[[str], None] | None = None,
                  progress: NullProgress | None = None):
         self.cfg = cfg
@@ -43,12 +59,11 @@ class Experiment(Resources):
             self.state = RunState()
             cfg_path.write_text(cfg.model_dump_json(indent=2))
         self._clock = time.monotonic()
-        self._resources: dict[str, Any] = {}
+        self.budgets = Budgets(cfg, self.state)
+        self.runtime = Runtime(cfg, self.budgets)
 
     @classmethod
     def resume(cls, run_dir: str | Path, **kw) -> "Experiment":
-        from evotrainer.config import parse_config
-
         path = Path(run_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{run_dir} holds no config.json: not an evotrainer run directory")
@@ -98,7 +113,7 @@ class Experiment(Resources):
         if s.stage == "verify":
             self.progress.stage(f"gen {g} verify", len(s.live))
             for vid in s.live:
-                self.say(f"gen {g}: verifying {vid} on {len(self.heldout_tasks)} held-out tasks")
+                self.say(f"gen {g}: verifying {vid} on {len(self.runtime.heldout_tasks)} held-out tasks")
                 verify_version(self, vid)
                 self.save()
                 self.progress.advance()
@@ -140,7 +155,7 @@ class Experiment(Resources):
         """False (and the version pruned, reason recorded) once a budget is spent: the generation then
         verifies, gates and records what it trained, and the run stops at its end."""
         try:
-            self.guard()
+            self.budgets.guard()
             return True
         except BudgetReached as e:
             self.state.stop_reason = str(e)
@@ -194,8 +209,6 @@ class Experiment(Resources):
         self.record(vid)
 
     def seed_program(self) -> HarnessProgram:
-        from evotrainer.train import seed_program
-
         return seed_program(self.cfg)
 
     def advance(self, stage: str) -> None:
@@ -207,6 +220,54 @@ class Experiment(Resources):
         self.state.budget_used["wall_time_s"] += now - self._clock
         self._clock = now
         save_state(self.run_dir, self.state)
+
+    # ---- operators, labels, skills, lineage ----------------------------------------------------
+    @functools.cached_property
+    def mix(self):
+        return operator_mix(self.cfg, self.run_dir, self.budgets.llm)
+
+    @property
+    def mix_loaded(self) -> bool:
+        """Whether operators were built in this process (their statistics are then current)."""
+        return "mix" in self.__dict__
+
+    def sync_budgets(self) -> None:
+        self.budgets.sync_llm()
+        if self.mix_loaded:
+            self.state.operator_stats = self.mix.stats_dict()
+
+    @functools.cached_property
+    def labels(self) -> LabelStore:
+        return LabelStore(self.run_dir / "labels.json")
+
+    @functools.cached_property
+    def skills(self) -> SkillLibrary:
+        return SkillLibrary(self.run_dir / "skills.json", validate_after=self.cfg.evolution.skills_validate_after)
+
+    @functools.cached_property
+    def tracker(self) -> LineageTracker:
+        return LineageTracker(self.run_dir)
+
+    def record(self, vid: str) -> None:
+        """MLflow run of a version (idempotent: keyed by version id, so resume makes no duplicates)."""
+        with self.budgets.timed("record"):
+            self.tracker.record(self.vdir(vid).path)
+
+    def finish(self) -> None:
+        try:
+            with self.budgets.timed("finish"):
+                self.tracker.record_all()  # idempotent sweep: every version has its run, statuses current
+                self.tracker.log_plots()
+        except Exception as e:  # noqa: BLE001 - a plot failure must not lose a finished run
+            self.say(f"could not log plots: {e}")
+        if self.cfg.evolution.user_skills:
+            try:
+                self.skills.merge_into(SkillLibrary.user())
+            except Exception as e:  # noqa: BLE001
+                self.say(f"could not update the user skill library: {e}")
+
+    def print_summary(self, console: Console | None = None) -> None:
+        print_summary(self, console)
 
     def say(self, msg: str) -> None:
         self.state.log(msg)

@@ -6,13 +6,12 @@ to ``hidden`` for held-out and test tasks: a harness never sees held-out verific
 
 from __future__ import annotations
 
-import random
 from typing import Sequence
 
 from evotrainer.domains.base import Domain
 from evotrainer.domains.task import Task
 from evotrainer.policy.rollout_engine import RolloutEngine, SamplingParams
-from evotrainer.rollout import Rollout
+from evotrainer.records.rollout import Rollout
 
 SYSTEM_PROMPT = None  # the domain's prompt carries the instruction; keep the model's own system prompt
 
@@ -45,29 +44,3 @@ def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
         out.extend(collect_groups(engine, domain, tasks, 1, params, adapter, step=-1))
     return out
-
-
-def accuracy(rollouts: Sequence[Rollout]) -> float:
-    """Share of rollouts verified correct (hidden outcome for held-out, visible for train)."""
-    if not rollouts:
-        return 0.0
-    return sum(bool((r.hidden or r.visible).get("correct")) for r in rollouts) / len(rollouts)
-
-
-def per_task_scores(rollouts: Sequence[Rollout]) -> dict[str, list[float]]:
-    """task id -> correctness per seed: the input of paired statistics."""
-    scores: dict[str, list[float]] = {}
-    for r in rollouts:
-        scores.setdefault(r.task_id, []).append(float(bool((r.hidden or r.visible).get("correct"))))
-    return scores
-
-
-def sample_tasks(tasks: Sequence[Task], n: int, step: int, seed: int) -> list[Task]:
-    """A seeded, step-dependent batch of tasks (epochs reshuffle; no task twice in one batch)."""
-    if not tasks:
-        raise ValueError("no tasks to sample from")
-    n = min(n, len(tasks))
-    epoch, start = divmod(step * n, len(tasks))
-    order = list(tasks)
-    random.Random(seed * 9973 + epoch).shuffle(order)
-    return (order[start:] + order[:start])[:n]

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evotrainer.branch import BranchVersion, VersionDir
+from evotrainer.records.version import BranchVersion, VersionDir
+from evotrainer.tracking.plots import fitness_plot, genealogy_plot
 
 TAG = "evotrainer."
 VERSION_TAG = TAG + "version_id"
@@ -40,10 +41,6 @@ _BATCH = 900            # MLflow accepts at most 1000 metrics per log_batch
 # Creating the sqlite store prints alembic migration lines; they say nothing to a user of a run.
 for _name in ("alembic", "alembic.runtime.migration", "mlflow.store.db.utils"):
     logging.getLogger(_name).setLevel(logging.WARNING)
-
-
-def validity(v: BranchVersion) -> str:
-    return "invalid" if v.violations or v.status == "invalid" else "valid"
 
 
 def decision_label(decision: dict[str, Any] | None) -> str:
@@ -141,7 +138,8 @@ class LineageTracker:
         existing = self.client.get_run(run_id).data
         steps = vdir.steps()
         tags = {VERSION_TAG: v.id, TAG + "generation": str(v.generation), TAG + "operator": v.operator or "seed",
-                TAG + "factor": v.factor or "none", TAG + "validity": validity(v), TAG + "status": v.status,
+                TAG + "factor": v.factor or "none", TAG + "validity": "invalid" if v.is_invalid else "valid",
+                TAG + "status": v.status,
                 TAG + "decision": decision_label(v.decision), TAG + "parents": ",".join(v.parents),
                 TAG + "base_model": v.base_model, TAG + "genome_hash": v.genome_hash}
         if v.violations:
@@ -185,8 +183,6 @@ class LineageTracker:
 
     def log_plots(self) -> str:
         """Draw the genealogy and fitness plots of the whole run and log them to the summary run."""
-        from evotrainer.plots import fitness_plot, genealogy_plot
-
         out = self.run_dir / "plots"
         files = [*genealogy_plot(self.run_dir, out), fitness_plot(self.run_dir, out / "fitness.png")]
         run_id = self._find(SUMMARY_TAG, "true")

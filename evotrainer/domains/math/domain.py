@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.domains.base import Domain
-from evotrainer.domains.math_loaders import load_jsonl_tasks
-from evotrainer.domains.math_tasks import make_splits, plant_leak
-from evotrainer.domains.math_verifier import verify_math
+from evotrainer.domains.math.loaders import load_jsonl_tasks
+from evotrainer.domains.math.tasks import make_splits, plant_leak
+from evotrainer.domains.math.verifier import verify_math
 from evotrainer.domains.task import SPLITS, Task, text_key
 
 DEFAULT_SIZES = {"train": 128, "heldout": 32, "test": 32}

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evotrainer.branch import write_atomic
+from evotrainer.records.version import write_atomic
 
 STAGES = ("train", "verify", "gate", "select", "propose")
 

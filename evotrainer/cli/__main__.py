@@ -1,0 +1,5 @@
+import sys
+
+from evotrainer.cli.app import main
+
+sys.exit(main())

@@ -1,0 +1,37 @@
+"""The ``evotrainer`` command line, assembled from one module per command group.
+
+    evotrainer train CONFIG                   train one branch under its harness (cli/train.py)
+    evotrainer run|resume|status|approve|reject   the co-evolution loop (cli/loop.py)
+    evotrainer lineage|skills RUN_DIR         inspect a run (cli/inspect.py)
+    evotrainer genome check|run ...           check a harness genome, run one hook in the sandbox (cli/genome.py)
+    evotrainer mutate PATH ...                propose an intervention with an operator (cli/mutate.py)
+    evotrainer report|backtest|gate ...       health reports, backtests and gates (cli/fitness.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from evotrainer.cli import fitness, genome, inspect, loop, mutate, train
+
+# The command groups, in the order `evotrainer --help` lists them.
+COMMAND_GROUPS = (train, loop, inspect, genome, mutate, fitness)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evotrainer", description="RL training that evolves its own harness.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in COMMAND_GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

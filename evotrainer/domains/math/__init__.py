@@ -1,0 +1,1 @@
+"""The math domain: generated arithmetic and word problems, GSM8K/MATH files, a robust verifier."""

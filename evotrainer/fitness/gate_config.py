@@ -1,0 +1,20 @@
+"""The settings of a promotion gate: validity thresholds and the paired test's level and margin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class GateConfig:
+    divergence: float = 0.3              # train correctness (or [0,1] reward) minus held-out accuracy
+    min_train_rollouts: int = 8          # fewer in the last window: divergence not judged
+    leak_margin: float = 0.25            # leaked-prompt copy rate minus clean-prompt copy rate
+    leak_p: float = 0.05                 # one-sided Fisher p-value
+    min_leak_rollouts: int = 4           # on each side
+    level: float = 0.95                  # paired statistics: CI level ...
+    min_delta: float = 0.0               # ... lower bound must exceed this
+    min_tasks: int = 5
+    n_resamples: int = 10_000
+    seed: int = 0
+    window: int = 3                      # last training steps the divergence checks look at

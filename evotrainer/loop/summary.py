@@ -1,0 +1,53 @@
+"""What a person reads at the end of a run (or from ``evotrainer status``): the leaderboard, the
+invalid branches and why, the budgets spent and where the wall time went."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from evotrainer.loop.budgets import TIME_LABELS
+
+if TYPE_CHECKING:
+    from evotrainer.loop.experiment import Experiment
+
+
+def leaderboard(exp: Experiment) -> Table:
+    table = Table(title=f"leaderboard — {exp.run_dir}")
+    for col in ("version", "gen", "operator", "factor", "held-out", "train reward", "status"):
+        table.add_column(col, overflow="fold")   # a narrow terminal wraps a factor, never cuts it
+    metas = [exp.vdir(v).meta() for v in exp.versions()]
+    metas.sort(key=lambda m: -(m.metrics.get("heldout_accuracy") or -1))
+    for m in metas:
+        acc = m.metrics.get("heldout_accuracy")
+        style = "red" if m.status == "invalid" else "green" if m.status == "promoted" else None
+        table.add_row(m.id, str(m.generation), m.operator or "-", m.factor or "-",
+                      f"{acc:.3f}" if acc is not None else "-",
+                      f"{m.metrics.get('train_reward_mean', float('nan')):.3f}", m.status, style=style)
+    return table
+
+
+def print_summary(exp: Experiment, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(leaderboard(exp))
+    invalid = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().status == "invalid"]
+    if invalid:
+        console.print("[red]invalid branches[/red]")
+        for m in invalid:
+            for r in (m.decision or {}).get("reasons", [])[:4]:
+                console.print(f"  {m.id}: {r}")
+    s = exp.state
+    used = s.budget_used
+    console.print(f"status: {s.status}" + (f" ({s.stop_reason})" if s.stop_reason else "")
+                  + f"; train steps {used.get('train_steps', 0):.0f}, rollout tokens "
+                  f"{used.get('rollout_tokens', 0):.0f}, LLM calls {used.get('llm_calls', 0):.0f}, "
+                  f"wall {used.get('wall_time_s', 0):.0f} s")
+    wall = used.get("wall_time_s", 0)
+    parts = sorted(((TIME_LABELS.get(k[: -len("_seconds")], k[: -len("_seconds")]), v)
+                    for k, v in used.items() if k.endswith("_seconds")), key=lambda kv: -kv[1])
+    if wall and parts:
+        console.print("where the time went: "
+                      + ", ".join(f"{name} {v / wall:.1%}" for name, v in parts if v / wall >= 0.001))
+    console.print(f"open the lineage in MLflow: mlflow ui --backend-store-uri sqlite:///{exp.run_dir}/mlflow.db")

@@ -1,0 +1,106 @@
+"""Training one branch under a harness, outside the loop: what ``evotrainer train`` runs.
+
+Steps are :func:`~evotrainer.policy.train_step.train_step`; held-out accuracy is measured by the
+engine before and after, with data the harness never sees. ``seed_program`` is also the seed of
+every loop run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from evotrainer.config import Config, ConfigError
+from evotrainer.domains import build_domain
+from evotrainer.domains.sampling import sample_tasks
+from evotrainer.genome.errors import ContractError
+from evotrainer.genome.harness import Harness
+from evotrainer.genome.program import HarnessProgram, reference_program
+from evotrainer.policy.base_model import load_base_model
+from evotrainer.policy.collect import verify
+from evotrainer.policy.grpo import GRPOTrainer
+from evotrainer.policy.lora import LoraSettings, Policy
+from evotrainer.policy.rollout_engine import TransformersEngine
+from evotrainer.policy.train_step import grpo_config, train_step
+from evotrainer.records.numeric import mean
+from evotrainer.records.rollout import Rollout
+from evotrainer.records.scores import heldout_accuracy
+from evotrainer.records.version import BranchVersion, VersionDir
+
+
+@dataclass
+class TrainResult:
+    version_dir: Path
+    heldout_before: float
+    heldout_after: float
+    steps: list[dict[str, Any]]
+
+
+def seed_program(cfg: Config) -> HarnessProgram:
+    """The harness a run starts from, with the config's ``grpo`` knob overrides written into KNOBS."""
+    program = load_program(cfg.harness)
+    values = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None and k in program.knobs}
+    try:
+        return program.with_knobs(**values) if values else program
+    except ContractError as e:
+        raise ConfigError(f"grpo override outside the harness's declared knob space: {e}; "
+                          "choose an allowed value or widen the knob in the harness's KNOBS") from None
+
+
+def load_program(path: str | None) -> HarnessProgram:
+    return HarnessProgram.from_file(path) if path else reference_program()
+
+
+def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None = None,
+                 on_event: Callable[[str], None] | None = None) -> TrainResult:
+    """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir."""
+    say = on_event or (lambda msg: None)
+    program = seed_program(cfg)
+    domain = build_domain(cfg.domain)
+    out = VersionDir(cfg.run_dir)
+    with Harness(program, sandbox=cfg.sandbox) as harness:
+        grpo = grpo_config(harness, cfg.grpo.model_dump())
+        say(f"loading {cfg.model}")
+        model, tok = load_base_model(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
+        policy = Policy(model, tok, LoraSettings(**cfg.lora.model_dump()))
+        branch = "v0"
+        policy.create(branch)
+        engine = TransformersEngine(policy, batch_size=cfg.train.rollout_batch_size)
+        trainer = GRPOTrainer(policy, branch, grpo)
+        heldout = domain.tasks("heldout")[: cfg.train.eval_size]
+        ev = dict(max_new_tokens=cfg.train.eval_max_new_tokens, temperature=cfg.train.eval_temperature,
+                  seeds=cfg.train.eval_seeds)
+        say(f"verifying {len(heldout)} held-out tasks before training")
+        before = verify(engine, domain, heldout, branch, **ev)
+        train_tasks = domain.tasks("train")
+        all_rollouts: list[Rollout] = []
+        steps: list[dict[str, Any]] = []
+        out.path.mkdir(parents=True, exist_ok=True)
+        (out.path / "steps.jsonl").unlink(missing_ok=True)
+        for step in range(cfg.train.steps):
+            tasks = sample_tasks(train_tasks, cfg.train.prompts_per_step, step, cfg.seed)
+            rollouts, metrics = train_step(policy, engine, trainer, harness, domain, tasks, branch, step, cfg.seed)
+            all_rollouts.extend(rollouts)
+            steps.append(metrics)
+            out.append_step(metrics)
+            if on_step:
+                on_step(metrics)
+        policy.check_adapter_applied(branch)
+        say(f"verifying {len(heldout)} held-out tasks after training")
+        after = verify(engine, domain, heldout, branch, **ev)
+
+        acc_before, acc_after = heldout_accuracy(before), heldout_accuracy(after)
+        policy.save(branch, out.adapter_dir)
+        out.save_genome(program.source)
+        out.save_rollouts("train", all_rollouts)
+        out.save_rollouts("heldout", after)
+        out.save_rollouts("heldout_base", before)
+        summary = {"heldout_accuracy": acc_after, "heldout_accuracy_before": acc_before,
+                   "train_reward_mean": mean([s.get("reward_mean", math.nan) for s in steps[-3:]]),
+                   "steps": float(len(steps))}
+        out.save_meta(BranchVersion(id=branch, base_model=cfg.model, genome_hash=program.hash, parents=["base"],
+                                    metrics=summary))
+        (out.path / "config.json").write_text(cfg.model_dump_json(indent=2))
+    return TrainResult(out.path, acc_before, acc_after, steps)

@@ -1,0 +1,118 @@
+"""The train and verify stages of a generation, each on one branch version and idempotent.
+
+A stage reads a version's status from its directory and does nothing if its work is already
+recorded there, so a resumed run repeats no finished work. Statuses move
+pending → trained → verified → kept | promoted | rejected | invalid, and pruned when selection
+drops a version.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from evotrainer.domains.sampling import sample_tasks
+from evotrainer.fitness.health import health_report
+from evotrainer.genome.errors import GenomeError
+from evotrainer.genome.harness import Harness
+from evotrainer.genome.program import HarnessProgram
+from evotrainer.genome.sandbox import SandboxError
+from evotrainer.policy.collect import verify
+from evotrainer.policy.grpo import GRPOTrainer
+from evotrainer.policy.train_step import grpo_config, train_step
+from evotrainer.records.scores import heldout_accuracy
+from evotrainer.records.version import write_atomic
+
+if TYPE_CHECKING:
+    from evotrainer.loop.experiment import Experiment
+
+OPTIMIZER_FILE = "optimizer.pt"        # AdamW state saved beside the adapter (train.carry_optimizer)
+
+
+def train_version(exp: Experiment, vid: str) -> None:
+    """Trains a pending version k steps from its (copied) parent adapter under its own harness."""
+    vd = exp.vdir(vid)
+    meta = vd.meta()
+    if meta.status != "pending":
+        return
+    cfg, k = exp.cfg, exp.cfg.evolution.steps_per_generation
+    program = HarnessProgram(vd.genome_source(), name=f"{vid}/genome.py")
+    (vd.path / "steps.jsonl").unlink(missing_ok=True)  # a crash mid-training restarts it from the copy
+    exp.runtime.load_adapter(vid, vd.adapter_dir)
+    rollouts, t0 = [], time.perf_counter()
+    try:
+        with Harness(program, sandbox=cfg.sandbox) as harness:
+            grpo = grpo_config(harness, cfg.grpo.model_dump())
+            trainer = GRPOTrainer(exp.runtime.policy, vid, grpo)
+            inherited = vd.adapter_dir / OPTIMIZER_FILE   # copied with the parent's adapter
+            if cfg.train.carry_optimizer and inherited.is_file():
+                trainer.load_optimizer_state(torch.load(inherited, weights_only=True))
+            exp.progress.steps(f"{vid} GRPO steps", k)
+            for i in range(k):
+                # Common random numbers: siblings of one generation see the same tasks and seeds,
+                # so a child and its control differ only in the harness.
+                step = meta.generation * k + i
+                tasks = sample_tasks(exp.runtime.train_tasks, cfg.train.prompts_per_step, step, cfg.seed)
+                rt = exp.runtime
+                step_rollouts, metrics = train_step(rt.policy, rt.engine, trainer, harness, rt.domain, tasks, vid, step,
+                                                    cfg.seed)
+                rollouts += step_rollouts
+                vd.append_step(metrics)
+                exp.progress.step()
+                exp.budgets.spend(train_steps=1, rollout_tokens=sum(r.num_tokens for r in step_rollouts),
+                          gen_seconds=metrics["gen_seconds"], train_seconds=metrics["train_seconds"])
+            meta.knobs = harness.knob_values
+    except (SandboxError, GenomeError, ValueError) as e:
+        # The harness failed at run time: the engine records it and carries on with the others.
+        meta.status, meta.decision = "rejected", {"reasons": [f"harness failed in training: {e}"]}
+        vd.save_meta(meta)
+        exp.runtime.unload_adapter(vid)
+        return
+    with exp.budgets.timed("adapter"):
+        tmp = vd.path / "adapter.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        exp.runtime.policy.save(vid, tmp)
+        if cfg.train.carry_optimizer:
+            torch.save(trainer.optimizer_state(), tmp / OPTIMIZER_FILE)
+        shutil.rmtree(vd.adapter_dir, ignore_errors=True)
+        tmp.rename(vd.adapter_dir)
+    vd.save_rollouts("train", rollouts)
+    meta.metrics.update(train_seconds=time.perf_counter() - t0)
+    meta.status = "trained"
+    vd.save_meta(meta)
+    # The adapter stays loaded: verification comes next and would otherwise read it back from disk.
+
+
+def verify_version(exp: Experiment, vid: str) -> None:
+    """Held-out verification by the engine (hidden outcomes) and the version's health report."""
+    vd = exp.vdir(vid)
+    meta = vd.meta()
+    if meta.status != "trained":
+        return
+    tc = exp.cfg.train
+    exp.runtime.load_adapter(vid, vd.adapter_dir)
+    exp.runtime.policy.check_adapter_applied(vid)
+    t0 = time.perf_counter()
+    heldout = verify(exp.runtime.engine, exp.runtime.domain, exp.runtime.heldout_tasks, vid, max_new_tokens=tc.eval_max_new_tokens,
+                     temperature=tc.eval_temperature, seeds=tc.eval_seeds)
+    verify_seconds = time.perf_counter() - t0
+    exp.runtime.unload_adapter(vid)
+    exp.budgets.spend(rollout_tokens=sum(r.num_tokens for r in heldout), verify_seconds=verify_seconds)
+    vd.save_rollouts("heldout", heldout)
+    parent_dir = exp.vdir(meta.parents[0]).path if meta.parents and exp.vdir(meta.parents[0]).path.exists() else None
+    with exp.budgets.timed("health"):
+        report = health_report(vd.path, compare=parent_dir)
+        write_atomic(vd.path / "health.json", report.to_json())
+        write_atomic(vd.path / "health.md", report.to_markdown())
+    train = vd.rollouts("train")
+    meta.metrics.update(
+        heldout_accuracy=heldout_accuracy(heldout),
+        train_reward_mean=sum(r.reward or 0.0 for r in train) / max(1, len(train)),
+        cost=sum(r.num_tokens for r in train) / max(1, len(train)),   # generated tokens per rollout
+        verify_seconds=verify_seconds,
+    )
+    meta.status = "verified"
+    vd.save_meta(meta)

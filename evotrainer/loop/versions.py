@@ -1,0 +1,40 @@
+"""Creating a branch version: a pending directory with its parent's adapter copied (copy-on-write),
+the genome it will train under and the intervention that made it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from evotrainer.genome.program import HarnessProgram
+from evotrainer.records.version import BranchVersion, write_atomic
+
+if TYPE_CHECKING:
+    from evotrainer.loop.experiment import Experiment
+
+SETTLED = ("kept", "promoted")          # statuses of versions that may live on
+
+
+def new_version(exp: Experiment, parent: BranchVersion | None, source: str, generation: int, *, operator: str | None = None,
+                factor: str | None = None, intervention: dict[str, Any] | None = None,
+                extra_parents: list[str] = (), status: str = "pending") -> str:
+    """A pending version: the parent's adapter copied (copy-on-write), the genome to train under."""
+    vid = exp.state.new_id()
+    vd = exp.vdir(vid)
+    vd.path.mkdir(parents=True, exist_ok=True)
+    if parent is not None:
+        src = exp.vdir(parent.id).adapter_dir
+        shutil.rmtree(vd.adapter_dir, ignore_errors=True)
+        shutil.copytree(src, vd.adapter_dir)
+    vd.save_genome(source)
+    if intervention is not None:
+        write_atomic(vd.path / "intervention.json", json.dumps(intervention, indent=2, default=str))
+        write_atomic(vd.path / "diff.patch", intervention.get("diff", ""))
+    program = HarnessProgram(source)
+    vd.save_meta(BranchVersion(
+        id=vid, base_model=exp.cfg.model, genome_hash=program.hash,
+        parents=([parent.id] if parent else []) + list(extra_parents), intervention=intervention,
+        status=status, generation=generation, operator=operator, factor=factor, knobs=program.knob_values,
+    ))
+    return vid

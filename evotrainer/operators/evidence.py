@@ -1,0 +1,42 @@
+"""Evidence: what an operator may base a proposal on (health report, matching skills, history)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Evidence:
+    """What an operator may base a proposal on."""
+
+    health_report: dict[str, Any] = field(default_factory=dict)   # metrics, alerts (findings), validity
+    skills: list[dict[str, Any]] = field(default_factory=list)    # skills whose trigger fires
+    history: list[dict[str, Any]] = field(default_factory=list)   # earlier interventions and outcomes
+    known_hashes: set[str] = field(default_factory=set)           # genomes already tried (duplicates)
+    allow_multi_factor: bool = False
+    failed_source: str | None = None    # llm_repair: the child that failed ...
+    failure: str | None = None          # ... and the error text it failed with
+
+    def alerts(self) -> list[dict[str, Any]]:
+        alerts = self.health_report.get("alerts") or self.health_report.get("findings") or []
+        return [a if isinstance(a, dict) else {"message": str(a)} for a in alerts]
+
+    def summary(self) -> dict[str, Any]:
+        """What an intervention records as the evidence it used (small, JSON-able)."""
+        return {
+            "alerts": [a.get("rule") or a.get("name") or a.get("message", "") for a in self.alerts()],
+            "skills": [s.get("id") or s.get("name") or s.get("trigger", "") for s in self.skills],
+            "history": len(self.history),
+            **({"failure": self.failure[:500]} if self.failure else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Evidence:
+        """Evidence from a JSON file: either a bare health report or ``{"health_report": ...}``."""
+        if "health_report" not in d and not {"skills", "history", "known_hashes"} & d.keys():
+            return cls(health_report=d)
+        return cls(health_report=d.get("health_report") or {}, skills=list(d.get("skills") or []),
+                   history=list(d.get("history") or []), known_hashes=set(d.get("known_hashes") or []),
+                   allow_multi_factor=bool(d.get("allow_multi_factor", False)),
+                   failed_source=d.get("failed_source"), failure=d.get("failure"))
