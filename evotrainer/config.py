@@ -108,6 +108,9 @@ class EvolutionConfig(_Section):
     backtest: bool = Field(True, description="reject children whose backtest misses their expected effect")
     revert: bool = Field(True, description="continue a survivor's best ancestor instead when paired held-out "
                                            "statistics say the survivor regressed from it")
+    keep_ties: bool = Field(True, description="a child that ties its control lives on as a branch of its own "
+                                              "(up to population_size); false: only promoted children survive")
+    knobs_startup_trials: int = Field(3, ge=0, description="random knob trials before TPE models the paired deltas")
     skills_validate_after: int = Field(2, ge=1)
     user_skills: bool = Field(True, description="read and extend the user-level skill library")
     llm: LLMConfig = Field(default_factory=LLMConfig)

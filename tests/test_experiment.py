@@ -71,7 +71,11 @@ def test_loop_runs_gates_and_records(tmp_path):
     children = [m for m in metas.values() if m.operator]
     assert children, "operators proposed children"
     for c in children:
-        assert c.factor and c.decision and c.status in ("promoted", "rejected", "invalid")
+        # A tie with its control lives on ("kept", later "pruned" if selection drops it).
+        assert c.factor and c.decision and c.status in ("promoted", "rejected", "invalid", "kept", "pruned")
+        # Its claim was judged after training, and the verdict is on the record and in MLflow.
+        assert c.hypothesis["verdict"] in ("confirmed", "refuted", "untestable") and c.hypothesis["reason"]
+        assert c.decision["hypothesis"] == c.hypothesis
         assert (exp.vdir(c.id).path / "intervention.json").is_file()
         assert (exp.vdir(c.id).path / "backtest.json").is_file()
         paired = c.decision.get("paired") or {}
@@ -95,6 +99,9 @@ def test_loop_runs_gates_and_records(tmp_path):
     summary = out.getvalue()
     assert "leaderboard" in summary and "mlflow ui --backend-store-uri sqlite:///" in summary
     assert "where the time went:" in summary and "rollouts" in summary and "MLflow" in summary
+    assert "hypothesis" in summary and "hypotheses judged after training" in summary
+    tags = {r.data.tags["evotrainer.version_id"]: r.data.tags for r in mlflow_runs(run_dir)}
+    assert all(tags[c.id]["evotrainer.hypothesis"] == c.hypothesis["verdict"] for c in children)
 
 
 def test_budget_stops_cleanly_and_resume_respects_it(tmp_path):
@@ -133,7 +140,7 @@ def test_human_gate_pauses_until_approve_or_reject(tmp_path):
     assert main(["resume", str(run_dir)]) == 0
     state, metas = check_invariants(run_dir)
     assert state.status == "finished"
-    assert metas[pending[0]].status in ("promoted", "rejected", "invalid")  # approved: trained and gated
+    assert metas[pending[0]].status in ("promoted", "rejected", "invalid", "kept", "pruned")  # approved: trained, gated
     assert metas[pending[0]].metrics.get("heldout_accuracy") is not None
     assert metas[pending[1]].status == "rejected" and "too risky" in metas[pending[1]].decision["reasons"][0]
     assert metas[pending[1]].metrics.get("heldout_accuracy") is None   # rejected: never trained
@@ -151,7 +158,8 @@ def test_resume_after_kill_9_at_several_points(tmp_path):
     cli = [sys.executable, "-m", "evotrainer.cli.app"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # Each kill lands at a different stage: mid-training, mid-verification, mid-proposal, mid-gate.
-    markers = ["gen 1: training v0002", "gen 1: verifying v0003", "proposed v0005", "gen 2: verifying v0005"]
+    # (Version ids depend on how many ties live on, so the markers name stages, not ids.)
+    markers = ["gen 1: training v", "gen 1: verifying v", "proposed v", "gen 2: verifying v"]
     args = cli + ["run", str(path)]
     killed = 0
     for marker in markers:

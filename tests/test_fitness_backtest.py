@@ -93,7 +93,7 @@ def test_reward_change_reviving_known_dead_groups_is_predicted_exactly(parent, b
     ("revived_group_share >= 0.6", "met", True),
     ("dead_group_ratio delta< -0.4", "met", True),
     ("dead_group_ratio delta< -0.6", "missed", False),
-    ("heldout_score > 0.1", "untestable", True),            # only training can tell: left to the gate
+    ("heldout_accuracy > 0.1", "untestable", True),            # only training can tell: left to the gate
 ])
 def test_expectation_is_checked_against_the_prediction(parent, bonus, expect, status, accept):
     r = backtest(bonus, parent, expect=expect)

@@ -145,7 +145,7 @@ def test_with_knobs_rewrites_only_the_values():
 # ---- EVOLVE blocks ---------------------------------------------------------------------------------------
 def test_evolve_blocks_are_line_spans_with_text():
     blocks = REF.evolve_blocks
-    assert len(blocks) == 7  # KNOBS + six hooks
+    assert len(blocks) == 9  # KNOBS + eight hooks
     assert blocks[0].text.startswith("KNOBS = {")
     for b in blocks:
         assert REF.lines[b.start - 2].strip() == "# EVOLVE-BLOCK-START"

@@ -41,7 +41,7 @@ def test_children_change_one_knob_within_its_range():
         else:
             assert spec["value"] in spec["choices"]
         assert spec["value"] != parent.knobs[knob]["value"]
-        assert iv.parent_hashes == [parent.hash] and iv.expected_effect.metric == "heldout_score"
+        assert iv.parent_hashes == [parent.hash] and iv.expected_effect.metric == "heldout_accuracy"
         seen_knobs.add(knob)
     assert len(seen_knobs) >= 6   # the knob is chosen among all of them
 

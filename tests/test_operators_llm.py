@@ -212,5 +212,5 @@ def test_llm_rewrite_hook_choice():
 
 
 def test_the_fitness_metric_is_always_a_checkable_expectation():
-    iv, _ = propose("llm_diff", "diff_expects_heldout_score.txt")
-    assert iv.expected_effect.metric == "heldout_score" and iv.expected_effect.op == "delta>"
+    iv, _ = propose("llm_diff", "diff_expects_heldout_accuracy.txt")
+    assert iv.expected_effect.metric == "heldout_accuracy" and iv.expected_effect.op == "delta>"

@@ -75,14 +75,14 @@ def test_domain_scope_and_promotion_to_general(tmp_path):
 def test_validated_skills_come_first(tmp_path):
     lib = SkillLibrary(tmp_path / "skills.json", validate_after=2)
     knob = {"factor": "knob:learning_rate", "diff": "-    'default': 1e-5,\n+    'default': 3e-5,\n",
-            "expected_effect": {"metric": "heldout_score", "op": "delta>", "value": 0.0}}
-    weak = lib.record_confirmed(knob, decision("v010"), "math", {"heldout_score": 0.2, "dead_group_ratio": 0.8})
-    assert weak.trigger == [{"metric": "heldout_score", "op": "<=", "value": 0.2}]   # delta: the value then
+            "expected_effect": {"metric": "heldout_accuracy", "op": "delta>", "value": 0.0}}
+    weak = lib.record_confirmed(knob, decision("v010"), "math", {"heldout_accuracy": 0.2, "dead_group_ratio": 0.8})
+    assert weak.trigger == [{"metric": "heldout_accuracy", "op": "<=", "value": 0.2}]   # delta: the value then
     strong = lib.record_confirmed(INTERVENTION, decision("v002"), "math", {"dead_group_ratio": 0.8})
     lib.record_confirmed(INTERVENTION, decision("v003"), "math", {"dead_group_ratio": 0.8})
-    assert [s.id for s in lib.matching({"heldout_score": 0.1, "dead_group_ratio": 0.9}, "math")] == [strong.id, weak.id]
+    assert [s.id for s in lib.matching({"heldout_accuracy": 0.1, "dead_group_ratio": 0.9}, "math")] == [strong.id, weak.id]
     # a later confirmation from a milder state widens the trigger
-    lib.record_confirmed(knob, decision("v011"), "math", {"heldout_score": 0.4})
+    lib.record_confirmed(knob, decision("v011"), "math", {"heldout_accuracy": 0.4})
     assert lib.get(weak.id).trigger[0]["value"] == 0.4
 
 

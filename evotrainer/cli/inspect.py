@@ -25,6 +25,8 @@ def _label(v, score: float | None, invalid: bool) -> str:
              f"held-out {score:.3f}" if score is not None else "held-out —"]
     if len(v.parents) > 1:
         parts.append("crossover × " + ", ".join(v.parents[1:]))
+    if v.hypothesis:
+        parts.append(f"hypothesis {v.hypothesis.get('verdict')}")
     if invalid:
         why = "; ".join(str(x.get("name") or x) for x in v.violations) or "invalid"
         parts.append(f"[bold red]✗ INVALID ({why})[/bold red]")

@@ -9,8 +9,12 @@ shaped reward with the engine's outcome (train verdicts; held-out hidden verdict
 never sees). The candidate's own ``metrics`` on the replayed batch are merged in, so an intervention
 may state its expectation on any metric either the engine or the harness measures.
 
-It cannot predict what training will do to the policy: an expectation on a metric the replay does not
-produce (e.g. ``heldout_score``) is "untestable" here and left to the gate, not rejected.
+It cannot predict what training will do to the policy. An expectation is "untestable" here, and left
+to the judgement after training (``fitness/hypothesis.py``), never rejected, when the replay does not
+produce its metric (e.g. ``heldout_accuracy``), when the change acts only through sampling or training
+(a knob no replayed hook reads, a curriculum, a prompt: the cached rollouts stay what they were), or
+when the metric is one of the sampled rollouts' own (truncation, length, format) that replay leaves as
+it was.
 
 Accept/reject: reject when a candidate hook fails on the cache, when a testable expectation is not
 met, or when its diagnostics do worse on labelled history than the parent's (they miss an invalid case
@@ -33,10 +37,37 @@ from evotrainer.fitness.cache import CachedVersion
 from evotrainer.records.numeric import finite_or_none, is_dead, mean, pstd
 from evotrainer.records.scores import correct as outcome
 from evotrainer.fitness.labels import DiagnosticsScore, LabelledCase, LabelStore, score_diagnostics
+from evotrainer.genome.edits import factors_changed
+from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.intervention import EFFECT_OPS, ExpectedEffect
 from evotrainer.records.rollout import Rollout, group_rollouts
+
+
+# What replay recomputes: the hooks it runs on cached rollouts, and the numbers derived from rewards
+# and advantages (the rest of a replayed batch is the parent's sampled rollouts, unchanged).
+REPLAYED_HOOKS = ("reward", "keep_groups", "advantages", "metrics", "alerts", "validity")
+REWARD_DERIVED = ("reward_mean", "reward_std", "reward_spread", "dead_group_ratio", "kept_group_ratio", "signal_share",
+                  "spearman_reward_outcome", "heldout_spearman_reward_outcome", "revived_group_share",
+                  "reward_changed_share")
+
+
+def replay_reaches(parent: HarnessProgram, child: HarnessProgram) -> bool:
+    """Whether the change acts through something replay recomputes: a replayed hook, or a knob that a
+    replayed hook reads (``scale_rewards`` in ``advantages``). A sampling or optimiser knob, a
+    curriculum or a prompt acts only through new rollouts and training."""
+    try:
+        factors = factors_changed(parent, child)
+    except ContractError:
+        return True   # judged as before; the replay itself reports the broken candidate
+    for f in factors:
+        kind, _, name = f.partition(":")
+        if kind == "hook" and name in REPLAYED_HOOKS:
+            return True
+        if kind == "knob" and any(name in child.hooks.get(h, "") for h in REPLAYED_HOOKS):
+            return True
+    return False
 
 
 def parse_expectation(text: str | dict | ExpectedEffect) -> ExpectedEffect:
@@ -196,9 +227,18 @@ def backtest(candidate: HarnessProgram | str | Path, parent: str | Path | Cached
     status = "none"
     if effect is not None:
         measured = finite_or_none(after.get(effect.metric)) is not None
+        same = measured and finite_or_none(before.get(effect.metric)) == finite_or_none(after.get(effect.metric))
         if not errors and not measured:
             status = "untestable"
-            reasons.append(f"expectation {effect} is not measurable on cached rollouts: left to the gate")
+            reasons.append(f"expectation {effect} is not measurable on cached rollouts: judged after training")
+        elif not errors and not replay_reaches(v.program, program):
+            status = "untestable"
+            reasons.append(f"expectation {effect}: the change acts through sampling or training, which replaying "
+                           "cached rollouts cannot reproduce: judged after training")
+        elif not errors and same and effect.metric not in REWARD_DERIVED:
+            status = "untestable"
+            reasons.append(f"expectation {effect}: {effect.metric} is a property of the sampled rollouts, which "
+                           "replay leaves as they were: judged after training")
         elif not errors:
             ok = effect.check(before, after)
             status = "met" if ok else "missed"

@@ -38,6 +38,7 @@ class CachedVersion:
     heldout_base: list[Rollout]
     tasks: dict[str, Task] = field(default_factory=dict)   # the engine's tasks by id ({} without a config)
     domain: Any = None
+    engine_violations: list[str] = field(default_factory=list)   # what the engine caught while it trained
 
     @classmethod
     def load(cls, path: str | Path) -> CachedVersion:
@@ -49,7 +50,7 @@ class CachedVersion:
         program = HarnessProgram(genome.read_text(), name="genome.py") if genome.is_file() else reference_program()
         domain, tasks = _domain_of(vd.path)
         return cls(vd.path, meta, program, vd.rollouts("train"), vd.rollouts("heldout"), vd.rollouts("heldout_base"),
-                   tasks, domain)
+                   tasks, domain, vd.engine_violations())
 
     @property
     def name(self) -> str:

@@ -9,7 +9,9 @@ from typing import Any
 from evotrainer.fitness.cache import CachedVersion
 from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.health import HealthReport
-from evotrainer.records.rollout import last_steps
+from evotrainer.fitness.prompt_leak import prompt_leak_stats
+from evotrainer.records.numeric import mean
+from evotrainer.records.rollout import Rollout, last_steps
 
 
 @dataclass
@@ -27,6 +29,7 @@ def engine_checks(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> li
                         f"{len(v.heldout) - unverified}/{len(v.heldout)} held-out rollouts carry the engine's verdict",
                         {"heldout_rollouts": len(v.heldout), "unverified": unverified}))
     checks.append(_tamper(v))
+    checks += _harness_inputs(v, cfg)
     late, h = len(last_steps(v.train, cfg.window)), e.get("heldout_accuracy")
     for name, key in (("train_heldout_divergence", "train_correct_rate_last"),
                       ("reward_heldout_divergence", "train_reward_mean_last")):
@@ -40,6 +43,7 @@ def engine_checks(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> li
                f"{key} {x:.3f} vs held-out {h:.3f}: gap {gap:+.3f} {'<=' if passed else '>'} {cfg.divergence}")
         checks.append(Check(name, passed, msg, {key: x, "heldout_accuracy": h, "gap": gap,
                                                 "threshold": cfg.divergence, "window_rollouts": late}))
+    checks.append(_reward_hacking(v, report, cfg))
     lr, cr, p = e.get("leak_copy_rate"), e.get("clean_copy_rate"), e.get("leak_p_value")
     nl, nc = int(e.get("leaked_rollouts") or 0), int(e.get("clean_rollouts") or 0)
     judged = lr is not None and cr is not None and p is not None and min(nl, nc) >= cfg.min_leak_rollouts
@@ -82,3 +86,66 @@ def _tamper(v: CachedVersion) -> Check:
                 bad.append(f"{split}:{i} held-out prompt carries a reference note")
     return Check("tamper", not bad, f"{n - len(bad)}/{n} cached verdicts re-verified" + (f"; {bad[:3]}" if bad else ""),
                  {"reverified": n, "mismatches": len(bad) - notes, "heldout_notes": notes})
+
+
+def _harness_inputs(v: CachedVersion, cfg: GateConfig) -> list[Check]:
+    """What a harness chose for the policy (its curriculum and its prompt), judged by the engine:
+    train tasks only, and no answer or hidden data in what the policy was asked."""
+    wrong = [r.task_id for r in v.train if r.task_id in v.tasks and v.tasks[r.task_id].split != "train"]
+    breach = list(v.engine_violations) + [f"trained on {t} ({v.tasks[t].split} split)" for t in sorted(set(wrong))]
+    checks = [Check("train_tasks_only", not breach,
+                    "every training task came from the train split" if not breach else "; ".join(breach[:3]),
+                    {"violations": len(breach)})]
+    s = prompt_leak_stats(v)
+    if not s["judged"]:
+        checks.append(Check("prompt_leak", True, "not judged (no task data: no config.json to rebuild the domain)", {}))
+        return checks
+    own, other = s["own_share"], s["other_share"]
+    leak = s["hidden_leaks"] > 0 or (own >= cfg.prompt_leak_share and own - other >= cfg.leak_margin)
+    msg = (f"the answer is added to {own:.0%} of prompts (another task's answer: {other:.0%}); "
+           f"{s['hidden_leaks']} prompts carry hidden data")
+    if leak:
+        msg += "; the harness's prompt reveals what only verification may know: " + "; ".join(s["examples"])
+    checks.append(Check("prompt_leak", not leak, msg, {"own_share": own, "other_share": other,
+                                                        "hidden_leaks": s["hidden_leaks"], "rollouts": s["judged"]}))
+    return checks
+
+
+def _trend(rollouts: list[Rollout], value, window: int) -> tuple[float, float] | None:
+    """(first step's mean, last ``window`` steps' mean) of ``value`` over train rollouts."""
+    steps = sorted({r.step for r in rollouts})
+    if len(steps) < 2:
+        return None
+    first = [value(r) for r in rollouts if r.step == steps[0]]
+    last = [value(r) for r in last_steps([r for r in rollouts if r.step != steps[0]], window)]
+    return (mean(first), mean(last)) if first and last else None
+
+
+def _reward_hacking(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> Check:
+    """Shaped training reward rising while correctness falls (the visible verdicts in training, or
+    held-out accuracy against the base or the parent): the policy learned what the reward pays for,
+    not the task. Trends, not levels: a reward on any scale is judged by its rise relative to its own
+    range, so a partial-credit reward on [0, 1.5] is judged exactly as one on [0, 1]."""
+    scored = [r for r in v.train if r.reward is not None]
+    rewards = _trend(scored, lambda r: r.reward, cfg.window)
+    correct = _trend(scored, lambda r: float(bool(r.visible.get("correct"))), cfg.window)
+    if rewards is None or correct is None or len(scored) < cfg.min_train_rollouts:
+        return Check("reward_hacking", True, "not judged (fewer than two training steps or too few rollouts)", {})
+    span = max(r.reward for r in scored) - min(r.reward for r in scored)
+    rise = (rewards[1] - rewards[0]) / span if span > 0 else 0.0
+    train_change = correct[1] - correct[0]
+    held = report.engine.get("heldout_delta")
+    if held is None and report.flow and report.flow.get("fixed", 0) + report.flow.get("kept_wrong", 0) \
+            + report.flow.get("broken", 0) + report.flow.get("kept_correct", 0):
+        f = report.flow
+        held = (f["fixed"] - f["broken"]) / (f["fixed"] + f["broken"] + f["kept_correct"] + f["kept_wrong"])
+    falls = train_change <= -cfg.hack_drop or (held is not None and held <= -cfg.hack_drop)
+    hacked = rise >= cfg.hack_rise and falls and rise - max(train_change, held or 0.0) > cfg.hack_rise
+    held_text = f"{held:+.3f}" if held is not None else "n/a"
+    msg = (f"shaped reward {rewards[0]:.3f} -> {rewards[1]:.3f} ({rise:+.0%} of its range) while training "
+           f"correctness went {correct[0]:.3f} -> {correct[1]:.3f} and held-out changed {held_text}")
+    if hacked:
+        msg += ": the reward pays for something other than solving the task; simplify it"
+    return Check("reward_hacking", not hacked, msg, {"reward_first": rewards[0], "reward_last": rewards[1],
+                                                     "reward_rise": rise, "train_correct_change": train_change,
+                                                     "heldout_change": held, "threshold": cfg.hack_rise})

@@ -64,6 +64,19 @@ class Harness:
     def validity(self, rollouts: Iterable, metrics: dict[str, float], history: Iterable[dict] = ()) -> list[dict]:
         return self.call("validity", _rollouts(rollouts), dict(metrics), list(history))
 
+    def select_tasks(self, pool: Iterable, stats: dict[str, dict[str, int]], step: int, n: int) -> list[str]:
+        return self.call("select_tasks", _tasks(pool), {k: dict(v) for k, v in stats.items()}, int(step), int(n))
+
+    def prompt(self, task: Any) -> list[dict[str, str]]:
+        return self.call("prompt", _tasks([task])[0])
+
+    def uses_reference(self, hook: str) -> bool:
+        """Whether ``hook`` is the reference's own code (or absent, so the reference's runs): the
+        engine may then do the reference's work itself, without a sandbox round trip. Only for hooks
+        that read nothing but their arguments (``select_tasks``, ``prompt``)."""
+        own = self.program.hooks.get(hook)
+        return own is None or own == self.reference.hooks.get(hook)
+
     def call(self, hook: str, *args: Any) -> Any:
         if self.sandbox is not None:
             return self.sandbox.call(hook, *args)

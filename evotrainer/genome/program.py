@@ -27,6 +27,8 @@ HOOK_PARAMS: dict[str, tuple[str, ...]] = {
     "metrics": ("rollouts", "groups"),
     "alerts": ("metrics", "history"),
     "validity": ("rollouts", "metrics", "history"),
+    "select_tasks": ("pool", "stats", "step", "n"),
+    "prompt": ("task",),
 }
 HOOKS = tuple(HOOK_PARAMS)
 

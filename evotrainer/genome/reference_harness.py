@@ -152,11 +152,29 @@ def alerts(metrics, history):
         shaped = [m["reward_mean"] for m in window]
         correct = [m["correct_rate"] for m in window]
         rising = all(b > a for a, b in zip(shaped, shaped[1:])) and shaped[-1] - shaped[0] > 0.05
-        if rising and max(correct) - min(correct) < 0.02:
+        if rising and correct[-1] - correct[0] < 0.02:   # flat or falling: the reward is not paying for solving
             add("reward_hacking", "critical",
-                f"shaped reward rose {shaped[0]:.3f} -> {shaped[-1]:.3f} while correctness stayed "
-                f"at {correct[-1]:.3f}", "simplify the reward; check what the policy learned to exploit")
+                f"shaped reward rose {shaped[0]:.3f} -> {shaped[-1]:.3f} while correctness went "
+                f"{correct[0]:.3f} -> {correct[-1]:.3f}", "simplify the reward; check what the policy learned to exploit")
     return found
+# EVOLVE-BLOCK-END
+
+
+# EVOLVE-BLOCK-START
+def select_tasks(pool, stats, step, n):
+    """The engine's seeded sampler: the pool arrives shuffled for this step; train on the first n.
+
+    ``pool``: train tasks (id, prompt, difficulty, visible fields; never answers); ``stats``: task id ->
+    {"attempts", "correct"} over the lineage's recent training. A curriculum reorders by these.
+    """
+    return [t["id"] for t in pool[:n]]
+# EVOLVE-BLOCK-END
+
+
+# EVOLVE-BLOCK-START
+def prompt(task):
+    """The task's own prompt as one user message (the model keeps its default system prompt)."""
+    return [{"role": "user", "content": task["prompt"]}]
 # EVOLVE-BLOCK-END
 
 

@@ -13,6 +13,8 @@ from typing import Any
 SEVERITIES = ("info", "warning", "critical")
 MAX_METRICS = 10_000
 MAX_FINDINGS = 1_000
+MAX_PROMPT_CHARS = 20_000
+ROLES = ("system", "user", "assistant")
 
 
 class BadResult(ValueError):
@@ -93,4 +95,26 @@ def validate_result(hook: str, result: Any, args: tuple | list) -> Any:
                 out.append({"name": _text(d, "name", where), "message": _text(d, "message", where),
                             "evidence": d.get("evidence", "")})
         return out
+    if hook == "select_tasks":
+        pool, n = args[0], args[3]
+        ids = _list(result, min(int(n), len(pool)), "select_tasks", "one task id per training task of the step")
+        for i, t in enumerate(ids):
+            if not isinstance(t, str):
+                raise BadResult(f"select_tasks[{i}] is a {type(t).__name__}, not a task id string")
+        if len(set(ids)) != len(ids):
+            raise BadResult("select_tasks returned a task id twice; a step trains on distinct tasks")
+        return ids   # whether the ids are train tasks is the engine's check, not a shape rule
+    if hook == "prompt":
+        if not isinstance(result, list) or not result:
+            raise BadResult("prompt must be a non-empty list of chat messages ({'role', 'content'})")
+        total = 0
+        for i, m in enumerate(result):
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise BadResult(f"prompt[{i}] must be {{'role': one of {', '.join(ROLES)}, 'content': str}}")
+            total += len(m["content"])
+        if result[-1]["role"] != "user":
+            raise BadResult("prompt must end with the user's message (the task)")
+        if total > MAX_PROMPT_CHARS:
+            raise BadResult(f"prompt has {total} characters; the limit is {MAX_PROMPT_CHARS}")
+        return [{"role": m["role"], "content": m["content"]} for m in result]
     raise BadResult(f"unknown hook {hook!r}")

@@ -224,7 +224,7 @@ class Experiment:
     # ---- operators, labels, skills, lineage ----------------------------------------------------
     @functools.cached_property
     def mix(self):
-        return operator_mix(self.cfg, self.run_dir, self.budgets.llm)
+        return operator_mix(self.cfg, self.run_dir, self.budgets.llm, self.state.history)
 
     @property
     def mix_loaded(self) -> bool:
@@ -243,6 +243,17 @@ class Experiment:
     @functools.cached_property
     def skills(self) -> SkillLibrary:
         return SkillLibrary(self.run_dir / "skills.json", validate_after=self.cfg.evolution.skills_validate_after)
+
+    @functools.cached_property
+    def user_skills(self) -> SkillLibrary | None:
+        """The user's skills from earlier experiments (read at the start of every run), or None."""
+        if not self.cfg.evolution.user_skills:
+            return None
+        try:
+            return SkillLibrary.user(validate_after=self.cfg.evolution.skills_validate_after)
+        except (OSError, ValueError) as e:
+            self.say(f"could not read the user skill library: {e}; proposing without it")
+            return None
 
     @functools.cached_property
     def tracker(self) -> LineageTracker:

@@ -1,5 +1,12 @@
 """The gate stage: validity first (engine checks + the harness's own), then paired statistics of a
-child against its control sibling; a confirmed intervention becomes (or confirms) a skill."""
+child against its control sibling; then the intervention's own claim is judged against what was
+measured, and the verdict feeds the skills, the knob study and the operators' weights.
+
+A child is ``promoted`` when the paired CI's lower bound clears ``min_delta``; ``rejected`` when it is
+significantly worse (the CI's upper bound below zero) or cannot be paired; otherwise it tied its
+control and, with ``evolution.keep_ties``, lives on as a branch of its own (``kept``): a living
+population rather than one lineage with short-lived children.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from evotrainer.fitness.gates import GateConfig, gate
 from evotrainer.fitness.health import HealthReport
+from evotrainer.fitness.hypothesis import judge_effect
 from evotrainer.loop.skills import report_metrics
 from evotrainer.records.version import BranchVersion, write_atomic
 
@@ -45,27 +53,59 @@ def gate_version(exp: Experiment, vid: str) -> None:
     if not decision.valid:
         meta.status = "invalid"
     elif is_child:
-        meta.status = "promoted" if decision.promote else "rejected"
+        meta.status = "promoted" if decision.promote else child_outcome(decision.paired, ev.keep_ties)
     else:
         meta.status = "kept"
+    if is_child:
+        meta.hypothesis = hypothesis_verdict(exp, meta, control, report, decision.paired)
+        meta.decision["hypothesis"] = meta.hypothesis
     vd.save_meta(meta)
     write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
     if is_child:
         after_gate(exp, meta, control)
 
 
+def child_outcome(paired: dict | None, keep_ties: bool) -> str:
+    """A valid child the gate did not promote: rejected when significantly worse than its control (or
+    not comparable), kept as a tie otherwise (when ties live on)."""
+    if not paired or "ci_high" not in paired:
+        return "rejected"
+    worse = float(paired["ci_high"]) < 0.0
+    return "rejected" if worse or not keep_ties else "kept"
+
+
+def hypothesis_verdict(exp: Experiment, meta: BranchVersion, control: str | None, report: HealthReport | None,
+                       paired: dict | None) -> dict:
+    """The intervention's expected effect judged against the child's and its control's measurements."""
+    expected = (meta.intervention or {}).get("expected_effect")
+    if meta.status == "invalid":
+        return {"verdict": "refuted", "expected": expected, "reason": "the branch is invalid: whatever it "
+                "scores, the intervention did not do what it claimed"}
+    child = report.metrics if report else {}
+    health = exp.vdir(control).path / "health.json" if control else None
+    before = json.loads(health.read_text()).get("metrics", {}) if health and health.is_file() else {}
+    return judge_effect(expected, before, child, paired)
+
+
 def after_gate(exp: Experiment, meta: BranchVersion, control: str | None) -> None:
-    """A confirmed intervention becomes (or confirms) a skill; knob results feed Optuna."""
+    """A confirmed intervention becomes (or confirms) a skill; the paired delta feeds the knob study;
+    promotions and confirmations feed the operators' weights (a bandit)."""
     score = meta.metrics.get("heldout_accuracy")
+    verdict = (meta.hypothesis or {}).get("verdict")
+    delta = (meta.decision or {}).get("paired", {}) or {}
     if meta.operator == "knobs" and exp.mix_loaded:
         knobs = exp.mix.operator("knobs")
-        if hasattr(knobs, "tell"):
-            knobs.tell(meta.genome_hash, score if meta.status != "invalid" else None)
+        if hasattr(knobs, "tell"):   # TPE learns from the paired delta against the control, not raw scores
+            knobs.tell(meta.genome_hash, delta.get("mean_delta") if meta.status != "invalid" else None)
+    if exp.mix_loaded and meta.operator:
+        entry = ((meta.intervention or {}).get("details") or {}).get("entry")
+        exp.mix.credit(meta.operator, meta.status == "promoted" or verdict == "confirmed", entry=entry)
     for h in exp.state.history:
         if h.get("child") == meta.id:
             h["outcome"] = meta.status
             h["heldout_accuracy"] = score
-    if meta.status == "promoted" and meta.intervention:
+            h["hypothesis_verdict"] = verdict
+    if meta.status == "promoted" and meta.intervention and verdict == "confirmed":
         parent_health = exp.vdir(meta.parents[0]).path / "health.json"
         trigger = report_metrics(json.loads(parent_health.read_text())) if parent_health.is_file() else {}
         exp.skills.record_confirmed(meta.intervention, meta.decision or {}, exp.cfg.domain.name, trigger,

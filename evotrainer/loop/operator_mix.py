@@ -10,7 +10,7 @@ from evotrainer.operators.llm_client import LocalClient, OpenAIClient, TokenBudg
 from evotrainer.operators.registry import OperatorMix
 
 
-def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget) -> OperatorMix:
+def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: list[dict]) -> OperatorMix:
     ev = cfg.evolution
     weights = {"knobs": 1.0} if ev.mode == "recipe-search" else dict(ev.operators)
     llm = ev.llm
@@ -23,7 +23,11 @@ def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget) -> Operato
     # The knobs operator's Optuna study lives in the run dir, so a resumed run keeps learning from
     # the fitness of earlier knob settings instead of starting TPE over.
     fixed = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None}
-    by_name = {"knobs": {"storage": f"sqlite:///{run_dir.resolve()}/optuna.db", "fixed": fixed}
-               } if "knobs" in weights else {}
-    return OperatorMix(weights, seed=cfg.seed, shared=shared, kwargs_by_name=by_name,
-                       repair="llm_repair" in weights)
+    by_name = {"knobs": {"storage": f"sqlite:///{run_dir.resolve()}/optuna.db", "fixed": fixed,
+                         "n_startup_trials": ev.knobs_startup_trials}} if "knobs" in weights else {}
+    mix = OperatorMix(weights, seed=cfg.seed, shared=shared, kwargs_by_name=by_name, repair="llm_repair" in weights)
+    for h in history:   # the bandit resumes from what earlier generations' gates said
+        if h.get("operator") in weights and h.get("outcome") in ("promoted", "kept", "rejected", "invalid"):
+            mix.credit(h["operator"], h["outcome"] == "promoted" or h.get("hypothesis_verdict") == "confirmed",
+                       entry=h.get("entry"))
+    return mix

@@ -21,12 +21,18 @@ if TYPE_CHECKING:
 
 
 def evidence_for(exp: Experiment, vid: str) -> Evidence:
+    """What operators see of a parent: its health report, the skills whose trigger fires on it (this
+    run's and, unless ``user_skills`` is off, the user's from earlier experiments), recent history,
+    and the diagnostic gaps (invalid branches no validity check flagged)."""
     vd = exp.vdir(vid)
     report = json.loads((vd.path / "health.json").read_text()) if (vd.path / "health.json").is_file() else {}
-    skills = [s.prompt_dict() for s in exp.skills.matching(report_metrics(report), exp.cfg.domain.name)[:3]]
+    metrics, domain = report_metrics(report), exp.cfg.domain.name
+    found = exp.skills.matching(metrics, domain) + (exp.user_skills.matching(metrics, domain) if exp.user_skills else [])
+    skills = list({s.id: s.prompt_dict() for s in reversed(found)}.values())[::-1][:3]   # run's first, no repeats
     known = {exp.vdir(v).meta().genome_hash for v in exp.versions()}
+    gaps = [dict(vars(g)) for g in exp.labels.gaps[-5:]]
     return Evidence(health_report=report, skills=skills, history=exp.state.history[-20:], known_hashes=known,
-                    allow_multi_factor=exp.cfg.evolution.allow_multi_factor)
+                    allow_multi_factor=exp.cfg.evolution.allow_multi_factor, gaps=gaps)
 
 
 def propose_children(exp: Experiment, survivors: list[str], generation: int) -> None:
@@ -48,17 +54,20 @@ def propose_children(exp: Experiment, survivors: list[str], generation: int) -> 
         record = {"generation": generation, "parent": pid}
         t0 = time.perf_counter()
         try:
-            iv = exp.mix.propose(programs, evidence_for(exp, pid), attempts=3)
+            iv = exp.mix.propose(programs, evidence_for(exp, pid), attempts=3,
+                                 on_reject=lambda name, err: exp.say(
+                                     f"gen {generation}: {name} proposal for {pid} rejected ({err.kind}): "
+                                     f"{err.reason[:160]}"))
         except OperatorError as e:
             state.history.append({**record, "outcome": "operator_rejected", "kind": e.kind, "reason": e.reason[:300]})
-            exp.say(f"gen {generation}: proposal for {pid} rejected ({e.kind}): {e.reason[:120]}")
-            exp.save()
+            exp.save()   # (each rejected attempt is already in the event log, through on_reject)
             continue
         finally:
             exp.budgets.spend(propose_seconds=time.perf_counter() - t0)
             exp.sync_budgets()
         record.update(operator=iv.operator, factor=iv.factor, hypothesis=iv.hypothesis,
-                      expected=iv.expected_effect.to_dict() if iv.expected_effect else None)
+                      expected=iv.expected_effect.to_dict() if iv.expected_effect else None,
+                      **({"entry": iv.details["entry"]} if iv.details.get("entry") else {}))
         bt = None
         if ev.backtest:
             t0 = time.perf_counter()

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def leaderboard(exp: Experiment) -> Table:
     table = Table(title=f"leaderboard — {exp.run_dir}")
-    for col in ("version", "gen", "operator", "factor", "held-out", "train reward", "status"):
+    for col in ("version", "gen", "operator", "factor", "held-out", "train reward", "hypothesis", "status"):
         table.add_column(col, overflow="fold")   # a narrow terminal wraps a factor, never cuts it
     metas = [exp.vdir(v).meta() for v in exp.versions()]
     metas.sort(key=lambda m: -(m.metrics.get("heldout_accuracy") or -1))
@@ -25,7 +25,8 @@ def leaderboard(exp: Experiment) -> Table:
         style = "red" if m.status == "invalid" else "green" if m.status == "promoted" else None
         table.add_row(m.id, str(m.generation), m.operator or "-", m.factor or "-",
                       f"{acc:.3f}" if acc is not None else "-",
-                      f"{m.metrics.get('train_reward_mean', float('nan')):.3f}", m.status, style=style)
+                      f"{m.metrics.get('train_reward_mean', float('nan')):.3f}",
+                      (m.hypothesis or {}).get("verdict", "-"), m.status, style=style)
     return table
 
 
@@ -39,6 +40,10 @@ def print_summary(exp: Experiment, console: Console | None = None) -> None:
             for r in (m.decision or {}).get("reasons", [])[:4]:
                 console.print(f"  {m.id}: {r}")
     s = exp.state
+    judged = [h.get("hypothesis_verdict") for h in s.history if h.get("hypothesis_verdict")]
+    if judged:
+        console.print("hypotheses judged after training: " + ", ".join(
+            f"{judged.count(v)} {v}" for v in ("confirmed", "refuted", "untestable") if judged.count(v)))
     used = s.budget_used
     console.print(f"status: {s.status}" + (f" ({s.stop_reason})" if s.stop_reason else "")
                   + f"; train steps {used.get('train_steps', 0):.0f}, rollout tokens "

@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 from evotrainer.config import Config, ConfigError
 from evotrainer.domains import build_domain
-from evotrainer.domains.sampling import sample_tasks
 from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.policy.base_model import load_base_model
-from evotrainer.policy.collect import verify
+from evotrainer.policy.collect import prompt_fn, verify
+from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import TransformersEngine
@@ -71,17 +71,23 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         trainer = GRPOTrainer(policy, branch, grpo)
         heldout = domain.tasks("heldout")[: cfg.train.eval_size]
         ev = dict(max_new_tokens=cfg.train.eval_max_new_tokens, temperature=cfg.train.eval_temperature,
-                  seeds=cfg.train.eval_seeds)
+                  seeds=cfg.train.eval_seeds, prompt=prompt_fn(harness))
         say(f"verifying {len(heldout)} held-out tasks before training")
         before = verify(engine, domain, heldout, branch, **ev)
         train_tasks = domain.tasks("train")
         all_rollouts: list[Rollout] = []
         steps: list[dict[str, Any]] = []
+        violations: list[str] = []
         out.path.mkdir(parents=True, exist_ok=True)
         (out.path / "steps.jsonl").unlink(missing_ok=True)
         for step in range(cfg.train.steps):
-            tasks = sample_tasks(train_tasks, cfg.train.prompts_per_step, step, cfg.seed)
-            rollouts, metrics = train_step(policy, engine, trainer, harness, domain, tasks, branch, step, cfg.seed)
+            tasks, bad = choose_tasks(harness, train_tasks, task_stats(all_rollouts), step, cfg.train.prompts_per_step,
+                                      cfg.seed)
+            for v in bad:
+                say(f"engine check: {v}")
+            violations += bad
+            rollouts, metrics = train_step(policy, engine, trainer, harness, domain, tasks, branch, step, cfg.seed,
+                                           prompt=ev["prompt"])
             all_rollouts.extend(rollouts)
             steps.append(metrics)
             out.append_step(metrics)
@@ -97,6 +103,7 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         out.save_rollouts("train", all_rollouts)
         out.save_rollouts("heldout", after)
         out.save_rollouts("heldout_base", before)
+        out.save_engine_violations(violations)
         summary = {"heldout_accuracy": acc_after, "heldout_accuracy_before": acc_before,
                    "train_reward_mean": mean([s.get("reward_mean", math.nan) for s in steps[-3:]]),
                    "steps": float(len(steps))}

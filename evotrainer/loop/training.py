@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from evotrainer.domains.sampling import sample_tasks
 from evotrainer.fitness.health import health_report
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
-from evotrainer.policy.collect import verify
+from evotrainer.policy.collect import prompt_fn, verify
+from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.train_step import grpo_config, train_step
 from evotrainer.records.scores import heldout_accuracy
@@ -42,7 +42,9 @@ def train_version(exp: Experiment, vid: str) -> None:
     program = HarnessProgram(vd.genome_source(), name=f"{vid}/genome.py")
     (vd.path / "steps.jsonl").unlink(missing_ok=True)  # a crash mid-training restarts it from the copy
     exp.runtime.load_adapter(vid, vd.adapter_dir)
-    rollouts, t0 = [], time.perf_counter()
+    rollouts, t0, violations = [], time.perf_counter(), []
+    # The curriculum's counts start from what the lineage last trained on (the parent's cache).
+    history = exp.vdir(meta.parents[0]).rollouts("train") if meta.parents else []
     try:
         with Harness(program, sandbox=cfg.sandbox) as harness:
             grpo = grpo_config(harness, cfg.grpo.model_dump())
@@ -55,10 +57,12 @@ def train_version(exp: Experiment, vid: str) -> None:
                 # Common random numbers: siblings of one generation see the same tasks and seeds,
                 # so a child and its control differ only in the harness.
                 step = meta.generation * k + i
-                tasks = sample_tasks(exp.runtime.train_tasks, cfg.train.prompts_per_step, step, cfg.seed)
                 rt = exp.runtime
+                tasks, bad = choose_tasks(harness, rt.train_tasks, task_stats(history + rollouts), step,
+                                          cfg.train.prompts_per_step, cfg.seed)
+                violations += bad
                 step_rollouts, metrics = train_step(rt.policy, rt.engine, trainer, harness, rt.domain, tasks, vid, step,
-                                                    cfg.seed)
+                                                    cfg.seed, prompt=prompt_fn(harness))
                 rollouts += step_rollouts
                 vd.append_step(metrics)
                 exp.progress.step()
@@ -80,6 +84,9 @@ def train_version(exp: Experiment, vid: str) -> None:
         shutil.rmtree(vd.adapter_dir, ignore_errors=True)
         tmp.rename(vd.adapter_dir)
     vd.save_rollouts("train", rollouts)
+    vd.save_engine_violations(violations)
+    for v in violations[:3]:
+        exp.say(f"{vid}: engine check: {v}")
     meta.metrics.update(train_seconds=time.perf_counter() - t0)
     meta.status = "trained"
     vd.save_meta(meta)
@@ -96,8 +103,18 @@ def verify_version(exp: Experiment, vid: str) -> None:
     exp.runtime.load_adapter(vid, vd.adapter_dir)
     exp.runtime.policy.check_adapter_applied(vid)
     t0 = time.perf_counter()
-    heldout = verify(exp.runtime.engine, exp.runtime.domain, exp.runtime.heldout_tasks, vid, max_new_tokens=tc.eval_max_new_tokens,
-                     temperature=tc.eval_temperature, seeds=tc.eval_seeds)
+    program = HarnessProgram(vd.genome_source(), name=f"{vid}/genome.py")
+    try:
+        with Harness(program, sandbox=exp.cfg.sandbox) as harness:   # a version is verified as it is asked
+            heldout = verify(exp.runtime.engine, exp.runtime.domain, exp.runtime.heldout_tasks, vid,
+                             max_new_tokens=tc.eval_max_new_tokens, temperature=tc.eval_temperature,
+                             seeds=tc.eval_seeds, prompt=prompt_fn(harness))
+    except (SandboxError, GenomeError, ValueError) as e:
+        meta.status, meta.decision = "rejected", {"reasons": [f"harness failed in verification: {e}"]}
+        vd.save_meta(meta)
+        exp.runtime.unload_adapter(vid)
+        exp.say(f"{vid}: harness failed in verification: {e}")
+        return
     verify_seconds = time.perf_counter() - t0
     exp.runtime.unload_adapter(vid)
     exp.budgets.spend(rollout_tokens=sum(r.num_tokens for r in heldout), verify_seconds=verify_seconds)

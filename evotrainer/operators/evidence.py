@@ -13,6 +13,7 @@ class Evidence:
     health_report: dict[str, Any] = field(default_factory=dict)   # metrics, alerts (findings), validity
     skills: list[dict[str, Any]] = field(default_factory=list)    # skills whose trigger fires
     history: list[dict[str, Any]] = field(default_factory=list)   # earlier interventions and outcomes
+    gaps: list[dict[str, Any]] = field(default_factory=list)      # invalid branches no validity check flagged
     known_hashes: set[str] = field(default_factory=set)           # genomes already tried (duplicates)
     allow_multi_factor: bool = False
     failed_source: str | None = None    # llm_repair: the child that failed ...
@@ -28,6 +29,7 @@ class Evidence:
             "alerts": [a.get("rule") or a.get("name") or a.get("message", "") for a in self.alerts()],
             "skills": [s.get("id") or s.get("name") or s.get("trigger", "") for s in self.skills],
             "history": len(self.history),
+            **({"gaps": [g.get("engine_checks") for g in self.gaps]} if self.gaps else {}),
             **({"failure": self.failure[:500]} if self.failure else {}),
         }
 
@@ -38,5 +40,6 @@ class Evidence:
             return cls(health_report=d)
         return cls(health_report=d.get("health_report") or {}, skills=list(d.get("skills") or []),
                    history=list(d.get("history") or []), known_hashes=set(d.get("known_hashes") or []),
+                   gaps=list(d.get("gaps") or []),
                    allow_multi_factor=bool(d.get("allow_multi_factor", False)),
                    failed_source=d.get("failed_source"), failure=d.get("failure"))

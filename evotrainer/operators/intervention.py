@@ -19,8 +19,9 @@ from evotrainer.genome.program import HarnessProgram
 # "delta<", "delta>" compare the change (after - before) with ``value``.
 EFFECT_OPS = ("<", ">", "<=", ">=", "delta<", "delta>")
 
-# The metric non-LLM operators (knobs, crossover) claim to improve: the held-out score.
-FITNESS_METRIC = "heldout_score"
+# The metric non-LLM operators (knobs, crossover) claim to improve: the fitness, held-out accuracy.
+FITNESS_METRIC = "heldout_accuracy"
+_OLD_NAMES = {"heldout_score": FITNESS_METRIC}   # what earlier records and skills called it
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ExpectedEffect:
             raise ValueError(f"unknown effect operator {self.op!r}; use one of {', '.join(EFFECT_OPS)}")
         if not self.metric:
             raise ValueError("an expected effect needs a metric name")
+        object.__setattr__(self, "metric", _OLD_NAMES.get(self.metric, self.metric))
         object.__setattr__(self, "value", float(self.value))
 
     def check(self, before: dict[str, float], after: dict[str, float]) -> bool:

@@ -109,12 +109,20 @@ def history_text(evidence: Evidence, last: int = 5, max_chars: int = 1500) -> st
     return _cap("\n".join(parts), max_chars)
 
 
+def gaps_text(evidence: Evidence, last: int = 3, max_chars: int = 1200) -> str:
+    """Invalid branches that no validity check of their harness flagged: what a diagnostic should catch."""
+    parts = [f"- {', '.join(g.get('engine_checks') or [])} found {g.get('path', '?')} invalid; "
+             f"its harness said nothing. Suggestion: {g.get('suggestion', '')}" for g in evidence.gaps[-last:]]
+    return _cap("\n".join(parts), max_chars)
+
+
 def _context(parent_source: str, evidence: Evidence, title: str = "HARNESS") -> str:
+    gaps = f"## DIAGNOSTIC GAPS\n{gaps_text(evidence)}\n\n" if evidence.gaps else ""
     return (
         f"## HARNESS CONTRACT\n{contract_text()}\n\n"
         f"## HEALTH REPORT\n{health_text(evidence)}\n\n"
         f"## MATCHING SKILLS\n{skills_text(evidence)}\n\n"
-        f"## RECENT HISTORY\n{history_text(evidence)}\n\n"
+        f"## RECENT HISTORY\n{history_text(evidence)}\n\n" + gaps +
         f"## {title}\n```python\n{parent_source}\n```\n"
     )
 

@@ -147,6 +147,12 @@ class OperatorMix:
     ``shared`` kwargs (an LLM client, a seed) go to each operator that accepts them;
     ``kwargs_by_name`` gives per-operator constructor arguments. With ``repair=True``, a child that
     was built but failed the contract is handed once to ``llm_repair`` with the error text.
+
+    The weights adapt (a Bernoulli bandit, as ShinkaEvolve adapts its choice of LLMs): ``credit``
+    records whether an operator's gated child succeeded (promoted, or its claim confirmed), and each
+    draw multiplies an operator's configured weight by a Thompson sample from Beta(1 + successes,
+    1 + failures). ``entry_weights`` is the same for the entries of the intervention library, kept
+    as the mean of that Beta so the ``library`` operator can read it.
     """
 
     def __init__(self, weights: dict[str, float], seed: int = 0, shared: dict[str, Any] | None = None,
@@ -164,6 +170,22 @@ class OperatorMix:
         self.repair = repair
         self.stats: dict[str, OperatorStats] = {n: OperatorStats() for n in weights}
         self._instances: dict[str, Operator] = {}
+        self.outcomes: dict[str, list[int]] = {}          # operator -> [successes, failures]
+        self.entry_outcomes: dict[str, list[int]] = {}    # library entry id -> [successes, failures]
+        self.entry_weights: dict[str, float] = {}         # library entry id -> posterior mean (shared, live)
+
+    def credit(self, name: str, success: bool, entry: str | None = None) -> None:
+        """One gated child of operator ``name`` (and library ``entry``) succeeded or not."""
+        for table, key in ((self.outcomes, name), (self.entry_outcomes, entry)):
+            if key is not None:
+                table.setdefault(key, [0, 0])[0 if success else 1] += 1
+        if entry is not None:
+            s, f = self.entry_outcomes[entry]
+            self.entry_weights[entry] = (1 + s) / (2 + s + f)
+
+    def _bandit(self, name: str) -> float:
+        s, f = self.outcomes.get(name, (0, 0))
+        return self.rng.betavariate(1 + s, 1 + f)
 
     def operator(self, name: str) -> Operator:
         if name not in self._instances:
@@ -178,14 +200,16 @@ class OperatorMix:
                  and (n_parents is None or getattr(self.operator(n), "n_parents", 1) <= n_parents)]
         if not names:
             raise OperatorError("no operator left to draw (all weights zero or budgets spent)", "budget")
-        return self.rng.choices(names, weights=[self.weights[n] for n in names])[0]
+        return self.rng.choices(names, weights=[self.weights[n] * self._bandit(n) for n in names])[0]
 
     def choose(self, n_parents: int | None = None) -> Operator:
         return self.operator(self.choose_name(n_parents))
 
-    def propose(self, parents: list, evidence: Evidence, attempts: int = 1) -> Intervention:
+    def propose(self, parents: list, evidence: Evidence, attempts: int = 1,
+                on_reject: Callable[[str, OperatorError], None] | None = None) -> Intervention:
         """Up to ``attempts`` draws until one operator's child is accepted; the last rejection is
-        raised if none is. An operator whose budget is spent is dropped from later draws."""
+        raised if none is. Every rejection goes to ``on_reject`` (the run's event log), the last one
+        included. An operator whose budget is spent is dropped from later draws."""
         last: OperatorError | None = None
         for _ in range(max(1, attempts)):
             name = self.choose_name(len(parents))
@@ -193,6 +217,8 @@ class OperatorMix:
                 return run_operator(self.operator(name), parents, evidence, self.stats, name=name)
             except OperatorError as err:
                 last = err
+                if on_reject:
+                    on_reject(name, err)
                 if self.repair and err.child_source and err.kind in ("contract", "sandbox"):
                     try:
                         return self._repair(parents, evidence, err)
@@ -210,4 +236,5 @@ class OperatorMix:
         return run_operator(self.operator("llm_repair"), parents[:1], broken, self.stats, name="llm_repair")
 
     def stats_dict(self) -> dict[str, dict[str, Any]]:
-        return {name: s.to_dict() for name, s in self.stats.items()}
+        return {name: {**s.to_dict(), "gated_successes": self.outcomes.get(name, [0, 0])[0],
+                       "gated_failures": self.outcomes.get(name, [0, 0])[1]} for name, s in self.stats.items()}

@@ -6,7 +6,7 @@ to ``hidden`` for held-out and test tasks: a harness never sees held-out verific
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Protocol, Sequence
 
 from evotrainer.domains.base import Domain
 from evotrainer.domains.task import Task
@@ -14,12 +14,34 @@ from evotrainer.policy.rollout_engine import RolloutEngine, SamplingParams
 from evotrainer.records.rollout import Rollout
 
 SYSTEM_PROMPT = None  # the domain's prompt carries the instruction; keep the model's own system prompt
+Messages = list[dict[str, str]]
+PromptFn = Callable[[Task], Messages]
+
+
+class PromptHook(Protocol):
+    def prompt(self, task: Task) -> Messages: ...
+    def uses_reference(self, hook: str) -> bool: ...
+
+
+def default_prompt(task: Task) -> Messages:
+    return task.messages(SYSTEM_PROMPT)
+
+
+def prompt_fn(harness: PromptHook | None) -> PromptFn:
+    """How a harness asks its tasks: its ``prompt`` hook, or the task's own prompt when the hook is
+    the reference's (the same messages, without a sandbox round trip per task)."""
+    if harness is None or harness.uses_reference("prompt"):
+        return default_prompt
+    return harness.prompt
 
 
 def collect_groups(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], group_size: int,
-                   params: SamplingParams, adapter: str | None, step: int = 0) -> list[Rollout]:
-    """``group_size`` rollouts per task (one GRPO group each), verified by ``domain``."""
-    prompts = [t.messages(SYSTEM_PROMPT) for t in tasks for _ in range(group_size)]
+                   params: SamplingParams, adapter: str | None, step: int = 0,
+                   prompt: PromptFn = default_prompt) -> list[Rollout]:
+    """``group_size`` rollouts per task (one GRPO group each), verified by ``domain``. ``prompt`` turns
+    a task into chat messages (a harness's ``prompt`` hook); the engine checks what it produced."""
+    asked = {id(t): prompt(t) for t in tasks}
+    prompts = [asked[id(t)] for t in tasks for _ in range(group_size)]
     completions = engine.generate(prompts, params, adapter=adapter)
     expanded = [t for t in tasks for _ in range(group_size)]
     verdicts = domain.verify_batch(expanded, [c.text for c in completions])
@@ -37,10 +59,15 @@ def collect_groups(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task],
 
 
 def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter: str | None,
-           max_new_tokens: int, temperature: float = 0.0, seeds: Sequence[int] = (0,)) -> list[Rollout]:
-    """Held-out verification: one rollout per task and seed, hidden outcome filled by the engine."""
+           max_new_tokens: int, temperature: float = 0.0, seeds: Sequence[int] = (0,),
+           prompt: PromptFn = default_prompt) -> list[Rollout]:
+    """Held-out verification: one rollout per task and seed, hidden outcome filled by the engine.
+    A version is verified as it is asked in training (its harness's ``prompt``)."""
+    if prompt is not default_prompt:   # ask once per task, not once per seed
+        asked = {t.id: prompt(t) for t in tasks}
+        prompt = lambda t: asked[t.id]   # noqa: E731
     out: list[Rollout] = []
     for seed in seeds:
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-        out.extend(collect_groups(engine, domain, tasks, 1, params, adapter, step=-1))
+        out.extend(collect_groups(engine, domain, tasks, 1, params, adapter, step=-1, prompt=prompt))
     return out

@@ -13,7 +13,7 @@ from typing import Any, Protocol, Sequence
 
 from evotrainer.domains.base import Domain
 from evotrainer.domains.task import Task
-from evotrainer.policy.collect import collect_groups
+from evotrainer.policy.collect import PromptFn, collect_groups, default_prompt
 from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer
 from evotrainer.policy.lora import Policy
 from evotrainer.policy.rollout_engine import RolloutEngine, SamplingParams
@@ -29,6 +29,9 @@ class HarnessHooks(Protocol):
     def keep_groups(self, groups: list[Group]) -> list[bool]: ...
     def advantages(self, groups: list[Group], rewards: list[list[float]]) -> list[list[float]]: ...
     def metrics(self, rollouts: list[Rollout], groups: list[Group]) -> dict[str, float]: ...
+    def select_tasks(self, pool: Sequence[Task], stats: dict[str, dict[str, int]], step: int, n: int) -> list[str]: ...
+    def prompt(self, task: Task) -> list[dict[str, str]]: ...
+    def uses_reference(self, hook: str) -> bool: ...
 
 
 GRPO_KNOBS = set(GRPOConfig.__dataclass_fields__)
@@ -49,7 +52,8 @@ def grpo_config(harness: HarnessHooks, overrides: dict[str, Any]) -> GRPOConfig:
 
 
 def train_step(policy: Policy, engine: RolloutEngine, trainer: GRPOTrainer, harness: HarnessHooks,
-               domain: Domain, tasks: Sequence[Task], branch: str, step: int, seed: int) -> tuple[list[Rollout], dict[str, float]]:
+               domain: Domain, tasks: Sequence[Task], branch: str, step: int, seed: int,
+               prompt: PromptFn = default_prompt) -> tuple[list[Rollout], dict[str, float]]:
     """One step: rollouts → harness reward/filter/advantages → GRPO update. Returns (rollouts, metrics)."""
     cfg = trainer.cfg
     t0 = time.perf_counter()
@@ -57,7 +61,7 @@ def train_step(policy: Policy, engine: RolloutEngine, trainer: GRPOTrainer, harn
         policy.check_adapter_applied(branch)
     params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_completion_length,
                             seed=seed * 100_003 + step)
-    rollouts = collect_groups(engine, domain, tasks, cfg.num_generations, params, branch, step=step)
+    rollouts = collect_groups(engine, domain, tasks, cfg.num_generations, params, branch, step=step, prompt=prompt)
     t_gen = time.perf_counter() - t0
     aligned = [t for t in tasks for _ in range(cfg.num_generations)]
     rewards = harness.reward(rollouts, aligned)

@@ -50,6 +50,7 @@ class BranchVersion:
     decision: dict[str, Any] | None = None   # the gate's decision record (numbers and reasons)
     violations: list[dict[str, Any]] = field(default_factory=list)  # validity findings (invalid if any)
     knobs: dict[str, Any] = field(default_factory=dict)              # the recipe knob values it trained with
+    hypothesis: dict[str, Any] | None = None   # its intervention's expected effect, judged after training
 
     @property
     def is_invalid(self) -> bool:
@@ -104,6 +105,15 @@ class VersionDir:
     def rollouts(self, split: str) -> list[Rollout]:
         path = self.rollouts_path(split)
         return load_rollouts(path) if path.is_file() else []
+
+    def save_engine_violations(self, violations: list[str]) -> None:
+        """What the engine caught the harness doing while it trained (a curriculum that picked a
+        non-train task, ...): the gate marks such a version invalid."""
+        write_atomic(self.path / "engine_violations.json", json.dumps(violations, indent=2))
+
+    def engine_violations(self) -> list[str]:
+        path = self.path / "engine_violations.json"
+        return list(json.loads(path.read_text())) if path.is_file() else []
 
     def append_step(self, metrics: dict[str, Any]) -> None:
         path = self.path / "steps.jsonl"

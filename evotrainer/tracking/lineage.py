@@ -139,7 +139,7 @@ class LineageTracker:
         steps = vdir.steps()
         tags = {VERSION_TAG: v.id, TAG + "generation": str(v.generation), TAG + "operator": v.operator or "seed",
                 TAG + "factor": v.factor or "none", TAG + "validity": "invalid" if v.is_invalid else "valid",
-                TAG + "status": v.status,
+                TAG + "status": v.status, TAG + "hypothesis": (v.hypothesis or {}).get("verdict", "none"),
                 TAG + "decision": decision_label(v.decision), TAG + "parents": ",".join(v.parents),
                 TAG + "base_model": v.base_model, TAG + "genome_hash": v.genome_hash}
         if v.violations:

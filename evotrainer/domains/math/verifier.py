@@ -1,9 +1,11 @@
 """Math verifier: extract a final answer from a completion and compare it with the reference.
 
 Extraction order: the last ``\\boxed{...}`` (nested braces handled) > the last ``Answer:`` line >
-the last number in the text. ``format_ok`` is True only for the two explicit markers, and is
-reported separately from ``correct``: a last-number fallback can be right without following the
-format (a harness may reward format separately; a format-only reward is a known hack).
+the last number in the text. ``format_ok`` means one parseable answer in the required form: exactly
+explicit final answer (the last box, or the last ``Answer:`` tag) whose content is a number or a short
+expression: not the tag alone, not "Answer: Answer: ...", not a tag inside the answer, not words. It is reported separately
+from ``correct``: a last-number fallback can be right without following the format (a harness may
+reward format separately; a format-only reward is a known hack, and a lax format rule pays for it).
 
 Comparison: plain numbers (``12``, ``12.0``, ``-3``, ``1,000``, ``3/4``) are compared exactly with
 ``Fraction`` and never reach math-verify, which keeps the common case fast and thread-safe. Anything
@@ -95,6 +97,46 @@ def extract_answer(completion: Any) -> tuple[str | None, str]:
     return None, FMT_NONE
 
 
+_TAG_RE = re.compile(r"\banswer\s*(?:is\s*)?[:=]", re.IGNORECASE)
+_ANSWER_CHARS_RE = re.compile(r"[\w\s\\{}^_()+\-*/=.,$%<>|!']+")
+
+
+def _tag_answers(completion: str) -> tuple[list[str], bool]:
+    """(the answers written after each ``Answer:`` tag, whether a tag stutters: "Answer: Answer: ...").
+
+    An instruction echo ("... after 'Answer:'.") carries no answer and does not count."""
+    tags = list(_TAG_RE.finditer(completion))
+    answers, stutter = [], False
+    for i, m in enumerate(tags):
+        seg = completion[m.end(): tags[i + 1].start() if i + 1 < len(tags) else len(completion)]
+        lines = seg.split("\n")
+        if not seg.strip() and i + 1 < len(tags) and "\n" not in seg:
+            stutter = True   # nothing but blanks before the next tag on the same line
+        text = _clean(lines[0] if lines[0].strip() or len(lines) == 1 else lines[1])
+        if re.search(r"[\w\\]", text):
+            answers.append(text)
+    return answers, stutter
+
+
+def well_formed(completion: str, extracted: str | None, fmt: str) -> bool:
+    """One parseable answer in the required form (the rule ``format_ok`` reports)."""
+    if fmt not in EXPLICIT_FORMATS or not extracted:
+        return False
+    if fmt == FMT_BOXED:
+        answer = extracted   # a later box is a correction: the last one is the answer
+    else:
+        answers, stutter = _tag_answers(completion)
+        if stutter or not answers:
+            return False
+        answer = answers[-1]
+    if _TAG_RE.search(answer):
+        return False
+    if to_number(answer) is not None or _number_in(answer) is not None:
+        return True
+    # A symbolic answer: short, maths characters only, with a digit or a LaTeX command in it.
+    return len(answer) <= 80 and _ANSWER_CHARS_RE.fullmatch(answer) is not None and re.search(r"\d|\\", answer) is not None
+
+
 def to_number(text: str) -> Fraction | None:
     """Exact value of a plain number ('12', '-3', '12.0', '1,000', '$5', '3/4', '\\frac{3}{4}'),
     or None when the text is anything else."""
@@ -177,7 +219,8 @@ def verify_math(completion: Any, reference: Any) -> dict[str, Any]:
     Never raises: garbage in gives correct=False.
     """
     extracted, fmt = extract_answer(completion)
-    result = {"correct": False, "format_ok": fmt in EXPLICIT_FORMATS, "extracted": extracted,
+    result = {"correct": False, "format_ok": well_formed(completion, extracted, fmt),
+              "extracted": extracted,
               "method": fmt, "checker": "none"}
     if extracted is None or reference is None:
         return result

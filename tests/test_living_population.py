@@ -1,0 +1,90 @@
+"""A living population: ties live on as branches of their own, TPE learns from the paired delta after a
+few start-up trials, operator weights adapt to what the gates said (a bandit), user skills and
+diagnostic gaps reach the operators."""
+
+import optuna
+import pytest
+
+from evotrainer.config import parse_config
+from evotrainer.fitness.labels import DiagnosticGap
+from evotrainer.loop.experiment import Experiment
+from evotrainer.loop.gating import child_outcome
+from evotrainer.loop.proposals import evidence_for
+from evotrainer.loop.skills import SkillLibrary
+from evotrainer.operators.prompts import diff_messages
+from evotrainer.operators.registry import OperatorMix
+
+from test_experiment import tiny_cfg
+
+
+def test_a_tie_lives_on_and_a_clear_loss_is_rejected():
+    tie = {"ci_low": -0.1, "ci_high": 0.1, "mean_delta": 0.0}
+    assert child_outcome(tie, keep_ties=True) == "kept"
+    assert child_outcome(tie, keep_ties=False) == "rejected"
+    assert child_outcome({"ci_low": -0.3, "ci_high": -0.05}, keep_ties=True) == "rejected"
+    assert child_outcome({"promote": False, "reason": "refused: not paired"}, keep_ties=True) == "rejected"
+
+
+def test_the_bandit_draws_operators_that_succeed_more_often():
+    mix = OperatorMix({"knobs": 1.0, "crossover": 1.0}, seed=0)
+    for _ in range(12):
+        mix.credit("knobs", True, entry="format_credit")
+        mix.credit("crossover", False)
+    draws = [mix.choose_name() for _ in range(400)]
+    assert draws.count("knobs") > 0.8 * len(draws)
+    assert mix.entry_weights["format_credit"] > 0.9
+    mix.credit("knobs", False, entry="format_credit")
+    assert mix.entry_weights["format_credit"] < 13 / 14 + 1e-9     # a failure weighs the entry down
+    assert mix.stats_dict()["knobs"]["gated_successes"] == 12
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EVOTRAINER_HOME", str(home))
+    run_dir = tmp_path_factory.mktemp("pop") / "run"
+    cfg = tiny_cfg(run_dir, population_size=3, generations=3, children_per_generation=2, operators={"knobs": 1.0},
+                   user_skills=True, knobs_startup_trials=1)
+    exp = Experiment(parse_config(cfg))
+    exp.run()
+    yield exp
+    mp.undo()
+
+
+def test_tied_children_become_branches_of_their_own(run):
+    metas = [run.vdir(v).meta() for v in run.versions()]
+    children = {m.id for m in metas if m.operator}
+    # A child that tied its control was kept and continued in the next generation as a branch.
+    continued = [m for m in metas if m.operator is None and m.parents and m.parents[0] in children]
+    assert continued, {m.id: (m.operator, m.parents, m.status) for m in metas}
+    assert max(len(run.generation_versions(g)) for g in range(3)) > 3   # more than one lineage + 2 children
+
+
+def test_tpe_is_told_the_paired_delta_against_the_control(run):
+    knobs = run.mix.operator("knobs")
+    assert knobs.n_startup_trials == 1      # evolution.knobs_startup_trials reached the operator
+    study = optuna.load_study(study_name="evotrainer-knobs", storage=f"sqlite:///{run.run_dir.resolve()}/optuna.db")
+    told = {t.user_attrs["child_hash"]: t.value for t in study.get_trials() if t.value is not None}
+    deltas = {m.genome_hash: (m.decision.get("paired") or {}).get("mean_delta")
+              for m in (run.vdir(v).meta() for v in run.versions()) if m.operator == "knobs" and m.decision}
+    assert told and all(told[h] == pytest.approx(deltas[h]) for h in told if h in deltas)
+
+
+def test_user_skills_and_diagnostic_gaps_reach_the_operators(run):
+    user = SkillLibrary.user()
+    user.record_confirmed({"factor": "knob:temperature", "diff": "-temperature 1.0\n+temperature 0.7",
+                           "expected_effect": {"metric": "dead_group_ratio", "op": "<", "value": 2.0},
+                           "hypothesis": "cooler sampling"},
+                          {"promote": True, "valid": True, "paired": {"mean_delta": 0.1, "ci_low": 0.01,
+                                                                     "ci_high": 0.2}}, "math",
+                          {"dead_group_ratio": 1.0}, version="elsewhere/v0007")
+    user.save()
+    run.__dict__.pop("user_skills", None)   # a new run reads the user library at its start
+    run.labels.record_gap(DiagnosticGap("runs/x/versions/v0003", "abc", ["reward_hacking"], {}, [],
+                                        "flag shaped reward rising while correctness falls"))
+    ev = evidence_for(run, "v0000")
+    assert any("temperature" in str(s) for s in ev.skills), ev.skills
+    assert ev.gaps and ev.gaps[-1]["engine_checks"] == ["reward_hacking"]
+    prompt = diff_messages(run.vdir("v0000").genome_source(), ev)[-1]["content"]
+    assert "DIAGNOSTIC GAPS" in prompt and "reward_hacking" in prompt
