@@ -49,6 +49,43 @@ def test_sampler_logprobs_equal_a_training_forward_pass(policy):
         assert len(o.logprobs) == len(o.completion_ids)
 
 
+def test_with_top_p_the_ratio_is_one_on_the_first_pass(policy):
+    """The sampler records logprobs after its top-p filter; the trainer must take them under the same
+    filter, or the importance ratio is biased below 1 whenever top_p < 1."""
+    eng = TransformersEngine(policy)
+    outs = eng.generate(PROMPTS, SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, seed=3), adapter="b0")
+    worst_filtered = worst_plain = 0.0
+    for o in outs:
+        ids = torch.tensor([o.prompt_ids + o.completion_ids])
+        with policy.adapter("b0") as m:
+            filtered = per_token_logps(m, ids, torch.ones_like(ids), len(o.completion_ids), 1.0, top_p=0.9)[0]
+            plain = per_token_logps(m, ids, torch.ones_like(ids), len(o.completion_ids), 1.0)[0]
+        sampler = torch.tensor(o.logprobs)
+        worst_filtered = max(worst_filtered, float((filtered - sampler).abs().max()))
+        worst_plain = max(worst_plain, float((plain - sampler).abs().max()))
+    assert worst_filtered < 1e-4                 # ratio exp(new - old) == 1 on the first pass
+    assert worst_plain > 1e-3                    # without the filter it is not: the bias this fixes
+
+
+def test_a_kl_step_trains_even_when_every_advantage_is_zero(policy):
+    from evotrainer.genome.harness import Harness
+    from evotrainer.domains import get_domain
+    from evotrainer.policy.train_step import train_step
+
+    domain = get_domain("math", difficulty=1, n_train=4, n_heldout=2, n_test=2)
+    tasks = domain.tasks("train")[:2]
+    eng = TransformersEngine(policy)
+    zero = "def reward(rollouts, tasks):\n    return [0.0 for r in rollouts]\n"
+    from evotrainer.genome.edits import rewrite_hook
+    from evotrainer.genome.program import reference_program
+
+    with Harness(rewrite_hook(reference_program(), "reward", zero)) as h:
+        for beta, skipped in ((0.0, True), (0.1, False)):
+            trainer = GRPOTrainer(policy, "b0", GRPOConfig(num_generations=2, max_completion_length=6, beta=beta))
+            _, m = train_step(policy, eng, trainer, h, domain, tasks, "b0", 1, 0)
+            assert bool(m.get("skipped")) is skipped, (beta, m)
+
+
 def test_left_padded_batch_matches_single_prompt_greedy(policy):
     eng = TransformersEngine(policy)
     batched = eng.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=8), adapter="b0")

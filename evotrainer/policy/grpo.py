@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import torch
+from transformers import TopPLogitsWarper
 
 from evotrainer.records.rollout import Rollout
 
@@ -74,13 +75,20 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
 
 # ---- per-token log-probabilities -------------------------------------------------------------
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                    temperature: float = 1.0) -> torch.Tensor:
-    """log π(token_t | tokens_<t) for the last ``logits_to_keep`` tokens, logits / temperature."""
+                    temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    """log π(token_t | tokens_<t) for the last ``logits_to_keep`` tokens, under the sampler's own
+    distribution: logits / temperature, then the same nucleus (top-p) filter the sampler applied, so
+    the importance ratio against the stored sampler logprobs is 1 on the first pass."""
     # Only the completion positions need the 49k-vocab head: ask the model for those logits alone.
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
     logits = logits[:, :-1, :].float()
     if temperature != 1.0:
         logits = logits / temperature
+    if top_p < 1.0:
+        # The sampler's warper (transformers' TopPLogitsWarper), with a finite filter value: a token the
+        # current policy moved out of the nucleus gets a ratio of ~0 and a finite gradient, not NaN.
+        b, t, v = logits.shape
+        logits = TopPLogitsWarper(top_p, filter_value=-1e4)(None, logits.reshape(b * t, v)).reshape(b, t, v)
     targets = input_ids[:, -logits_to_keep:]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
@@ -213,10 +221,10 @@ class GRPOTrainer:
                     if cfg.beta != 0.0:
                         with torch.no_grad(), self.policy.adapter(None) as base:
                             ref = per_token_logps(base, batch["input_ids"], batch["attention_mask"], batch["T"],
-                                                  cfg.temperature)
+                                                  cfg.temperature, cfg.top_p)
                         self.policy.model.set_adapter(self.branch)
                     logps = per_token_logps(model, batch["input_ids"], batch["attention_mask"], batch["T"],
-                                            cfg.temperature)
+                                            cfg.temperature, cfg.top_p)
                     loss, s = grpo_loss(logps, batch["old_logps"], adv, batch["completion_mask"], cfg, ref,
                                         num_items_in_batch=total_tokens, num_micro_batches=len(batches))
                     loss.backward()

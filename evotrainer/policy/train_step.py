@@ -78,7 +78,8 @@ def train_step(policy: Policy, engine: RolloutEngine, trainer: GRPOTrainer, harn
             batch.append(r)
             batch_adv.append(float(a))
     t1 = time.perf_counter()
-    if batch and any(a != 0.0 for a in batch_adv):
+    # All-zero advantages leave no policy gradient, but a KL term (beta > 0) still pulls toward the base.
+    if batch and (any(a != 0.0 for a in batch_adv) or cfg.beta != 0.0):
         stats = trainer.step(batch, batch_adv)
     else:  # nothing to learn from: every kept group is dead (or all were filtered)
         stats = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0, "grad_norm": 0.0, "skipped": 1.0}
