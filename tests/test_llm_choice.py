@@ -175,3 +175,20 @@ def test_embedded_model_choices_are_accepted_on_nine_of_ten_seeds():
         assert len(iv.factors) == 1 and iv.details["constrained"]
         accepted += 1
     assert accepted >= 9, reasons
+
+
+def test_the_quickstart_mix_hands_its_shared_client_and_seed_to_both_new_operators(tiny):
+    """The loop builds one OperatorMix with shared kwargs (client, seed, max_tokens, temperature)."""
+    from evotrainer.config import load_config
+    from evotrainer.operators import OperatorMix
+
+    weights = load_config(Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml").evolution.operators
+    assert {"llm_choice", "library"} <= set(weights)
+    model, tokenizer = tiny
+    shared = {"client": LocalClient(model=model, tokenizer=tokenizer, threads=1), "seed": 0, "max_tokens": 256,
+              "temperature": 0.7}
+    mix = OperatorMix({"llm_choice": 1.0, "library": 1.0}, seed=0, shared=shared)
+    for _ in range(4):
+        mix.propose([reference()], Evidence(health_report=REPORT))
+    stats = mix.stats_dict()
+    assert sum(s["accepted"] for s in stats.values()) == 4 and mix.operator("llm_choice").client is shared["client"]

@@ -224,9 +224,13 @@ def test_weights_steer_the_draw_and_an_exhausted_entry_is_skipped():
         LibraryOperator(weights={"no_such_entry": 1.0})
 
 
-def test_no_entry_fires_without_metrics():
+def test_no_entry_fires_without_metrics_and_a_broken_parent_is_an_input_error():
     with pytest.raises(OperatorError, match="no library entry fires") as err:
         get_operator("library").propose([reference()], Evidence(health_report={"metrics": {}}))
+    assert err.value.kind == "input"
+    broken = reference().with_source("KNOBS = {'temperature': {'value': 9.0, 'range': [0.3, 1.5]}}\n")
+    with pytest.raises(OperatorError, match="cannot read the parent.*outside the range") as err:
+        get_operator("library").propose([broken], Evidence(health_report=REPORT))
     assert err.value.kind == "input"
 
 

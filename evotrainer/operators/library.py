@@ -276,7 +276,10 @@ class LibraryOperator:
         if not parents:
             raise OperatorError("the library operator needs a parent", "input")
         parent = parents[0]
-        found, skipped = self.applicable(parent, evidence)
+        try:
+            found, skipped = self.applicable(parent, evidence)
+        except GenomeError as err:   # a parent whose KNOBS or hooks cannot be read offers nothing to edit
+            raise OperatorError(f"cannot read the parent: {err}", "input") from err
         if not found:
             fired = {k: v for k, v in skipped.items() if v != "trigger does not fire"}
             detail = "; ".join(f"{k}: {v}" for k, v in fired.items()) or "no trigger holds on the report's metrics"

@@ -20,6 +20,7 @@ import math
 import random
 from typing import Any
 
+from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators import prompts
 from evotrainer.operators.acceptance import make_intervention
@@ -33,7 +34,7 @@ from evotrainer.operators.llm_client import BudgetExhausted, Completion, LLMErro
 
 KNOB = "knob"              # the "entry" value of a knob change
 HYPOTHESIS_CHARS = 160     # bounds the reply: a constrained string cannot run past max_tokens
-GRID_POINTS = 6            # values offered for a range knob
+GRID_POINTS = 5            # values offered for a range knob
 
 
 def knob_grid(spec: dict[str, Any]) -> list[Any]:
@@ -126,7 +127,10 @@ class LLMChoiceOperator(LLMOperator):
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
         parent = self._one_parent(parents)
-        fired, knobs = self.options(parent, evidence)
+        try:
+            fired, knobs = self.options(parent, evidence)
+        except GenomeError as err:   # a parent whose KNOBS or hooks cannot be read offers nothing to choose
+            raise OperatorError(f"cannot read the parent: {err}", "input") from err
         if not fired and not knobs:
             raise OperatorError("no library entry fires on this health report and the parent has no tunable knob",
                                 "input")
