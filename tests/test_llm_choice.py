@@ -192,3 +192,17 @@ def test_the_quickstart_mix_hands_its_shared_client_and_seed_to_both_new_operato
         mix.propose([reference()], Evidence(health_report=REPORT))
     stats = mix.stats_dict()
     assert sum(s["accepted"] for s in stats.values()) == 4 and mix.operator("llm_choice").client is shared["client"]
+
+
+def test_a_child_already_proposed_is_neither_offered_nor_accepted_again():
+    reply = json.dumps({"entry": "knob", "knob": "temperature", "value": 0.3, "hypothesis": "less noise"})
+    with ChatServer([("ok", reply)]) as srv:
+        op = get_operator("llm_choice", client=OpenAIClient(srv.url, "m", max_retries=0))
+        first = op.propose([reference()], Evidence(health_report=REPORT))
+        with pytest.raises(OperatorError, match="already proposed on this parent") as err:
+            op.propose([reference()], Evidence(health_report=REPORT))
+    assert first.details["new"] == 0.3 and err.value.kind == "duplicate"
+    offered = [srv.requests[i]["body"]["response_format"]["json_schema"]["schema"]["anyOf"] for i in (0, 1)]
+    temperature = [[v["properties"]["value"]["enum"] for v in variants
+                    if v["properties"].get("knob", {}).get("enum") == ["temperature"]][0] for variants in offered]
+    assert 0.3 in temperature[0] and 0.3 not in temperature[1]

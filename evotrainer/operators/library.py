@@ -224,7 +224,7 @@ def applicable_entries(parent: HarnessProgram, evidence: Evidence, entries: Sequ
 def _child_hash(entry: LibraryEntry, parent: HarnessProgram, params: dict[str, Any]) -> str | None:
     try:
         return entry.apply(parent, params).hash
-    except Exception:  # noqa: BLE001 - a child that cannot be built is reported when it is proposed
+    except (OperatorError, GenomeError):   # a child that cannot be built is reported when it is proposed
         return None
 
 
@@ -267,10 +267,16 @@ class LibraryOperator:
             raise ValueError(f"library entry weights must be >= 0: {weights}")
         self.weights.update(weights)
 
+    def tried(self, parent: HarnessProgram, evidence: Evidence) -> set[str]:
+        """Children of ``parent`` not to propose again: known, in the history, or proposed here."""
+        return tried_hashes(parent, evidence) | {c for p, c in self._proposed if p == parent.hash}
+
+    def remember(self, parent: HarnessProgram, child_hash: str) -> None:
+        self._proposed.add((parent.hash, child_hash))
+
     def applicable(self, parent: HarnessProgram, evidence: Evidence) -> tuple[list[Applicable], dict[str, str]]:
-        tried = tried_hashes(parent, evidence) | {c for p, c in self._proposed if p == parent.hash}
         entries = [e for e in self.entries if self.weights.get(e.id, 0.0) > 0]
-        return applicable_entries(parent, evidence, entries, tried)
+        return applicable_entries(parent, evidence, entries, self.tried(parent, evidence))
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
         if not parents:
@@ -285,7 +291,7 @@ class LibraryOperator:
             detail = "; ".join(f"{k}: {v}" for k, v in fired.items()) or "no trigger holds on the report's metrics"
             raise OperatorError(f"no library entry fires on this health report with an untried child ({detail})",
                                 "input")
-        failures = []
+        failures, kind = [], "input"
         while found:
             pick = self.rng.choices(found, weights=[self.weights[a.entry.id] for a in found])[0]
             found.remove(pick)
@@ -294,11 +300,11 @@ class LibraryOperator:
                 iv = propose_entry(self.name, parent, pick.entry, params, evidence)
             except OperatorError as err:   # an entry that does not fit this parent: try another
                 failures.append(f"{pick.entry.id}: {err.reason}")
+                kind = err.kind
                 continue
-            self._proposed.add((parent.hash, iv.child_hash))
+            self.remember(parent, iv.child_hash)
             return iv
-        raise OperatorError("every fired library entry failed on this parent: " + "; ".join(failures),
-                            "contract")
+        raise OperatorError("every fired library entry failed on this parent: " + "; ".join(failures), kind)
 
 
 def propose_entry(operator_name: str, parent: HarnessProgram, entry: LibraryEntry, params: dict[str, Any],

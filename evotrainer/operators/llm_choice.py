@@ -60,11 +60,16 @@ def knob_grid(spec: dict[str, Any]) -> list[Any]:
     return out
 
 
-def tunable_knobs(parent: HarnessProgram, fixed: dict[str, Any] | None = None) -> dict[str, list[Any]]:
-    """Knob name -> offered values, leaving out knobs that cannot change training (``inert_knobs``)."""
+def tunable_knobs(parent: HarnessProgram, fixed: dict[str, Any] | None = None,
+                  tried: set[str] = frozenset()) -> dict[str, list[Any]]:
+    """Knob name -> offered values, leaving out knobs that cannot change training (``inert_knobs``)
+    and values whose child was already tried."""
     knobs = parent.knobs
     inert = inert_knobs({**(fixed or {}), **{n: s["value"] for n, s in knobs.items()}})
     grids = {name: knob_grid(spec) for name, spec in knobs.items() if name not in inert}
+    if tried:
+        grids = {name: [v for v in grid if parent.with_knobs(**{name: v}).hash not in tried]
+                 for name, grid in grids.items()}
     return {name: grid for name, grid in grids.items() if grid}
 
 
@@ -123,7 +128,8 @@ class LLMChoiceOperator(LLMOperator):
         fired, _ = self.library.applicable(parent, evidence)
         keys = {a.entry.id: self.rng.random() ** (1.0 / self.library.weights[a.entry.id]) for a in fired}
         fired.sort(key=lambda a: -keys[a.entry.id])
-        return fired, tunable_knobs(parent, self.fixed) if self.offer_knobs else {}
+        knobs = tunable_knobs(parent, self.fixed, self.library.tried(parent, evidence)) if self.offer_knobs else {}
+        return fired, knobs
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
         parent = self._one_parent(parents)
@@ -144,24 +150,34 @@ class LLMChoiceOperator(LLMOperator):
             raise OperatorError(f"reply does not parse: {err}", "parse", **tokens) from err
         said = str(reply.get("hypothesis") or "").strip()
         extra = f"(Model's reason: {said})" if said else ""
-        choice = reply.get("entry")
         details = {"model_hypothesis": said, "constrained": self._constrained()}
         try:
-            if choice == KNOB:
-                return self._knob_change(parent, reply, knobs, evidence, extra, tokens, details)
-            pick = next((a for a in fired if a.entry.id == choice), None)
-            if pick is None:
-                raise OperatorError(f"reply names entry {choice!r}, which is not among the fired entries "
-                                    f"({', '.join(a.entry.id for a in fired) or 'none'}) or 'knob'", "parse")
-            params = reply.get("params")
-            if not isinstance(params, dict):
-                raise OperatorError(f"reply for entry {choice} has no 'params' object", "parse")
-            return propose_entry(self.name, parent, pick.entry, params, evidence, extra_hypothesis=extra,
-                                 details=details, **tokens)
+            iv = self._intervention(parent, reply, fired, knobs, evidence, extra, tokens, details)
+            if iv.child_hash in self.library.tried(parent, evidence):   # an unconstrained reply may repeat one
+                raise OperatorError(f"the reply repeats child {iv.child_hash[:12]}, already proposed on this parent",
+                                    "duplicate")
         except OperatorError as err:
             if not err.prompt_tokens:   # every rejected reply reports the tokens it cost
                 err.prompt_tokens, err.completion_tokens = tokens["prompt_tokens"], tokens["completion_tokens"]
             raise
+        self.library.remember(parent, iv.child_hash)   # never offered again on this parent
+        return iv
+
+    def _intervention(self, parent: HarnessProgram, reply: dict[str, Any], fired: list[Applicable],
+                      knobs: dict[str, list[Any]], evidence: Evidence, extra: str, tokens: dict[str, int],
+                      details: dict[str, Any]) -> Intervention:
+        choice = reply.get("entry")
+        if choice == KNOB:
+            return self._knob_change(parent, reply, knobs, evidence, extra, tokens, details)
+        pick = next((a for a in fired if a.entry.id == choice), None)
+        if pick is None:
+            raise OperatorError(f"reply names entry {choice!r}, which is not among the fired entries "
+                                f"({', '.join(a.entry.id for a in fired) or 'none'}) or 'knob'", "parse")
+        params = reply.get("params")
+        if not isinstance(params, dict):
+            raise OperatorError(f"reply for entry {choice} has no 'params' object", "parse")
+        return propose_entry(self.name, parent, pick.entry, params, evidence, extra_hypothesis=extra,
+                             details=details, **tokens)
 
     def _knob_change(self, parent: HarnessProgram, reply: dict[str, Any], knobs: dict[str, list[Any]],
                      evidence: Evidence, extra: str, tokens: dict[str, int], details: dict[str, Any]) -> Intervention:

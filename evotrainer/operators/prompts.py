@@ -194,10 +194,10 @@ def choice_messages(evidence: Evidence, fired: list[Applicable], knob_specs: dic
     user = (
         f"## HEALTH REPORT\n{health_summary_text(evidence)}\n\n"
         f"## INTERVENTIONS THAT FIT THIS REPORT (from papers and recipes)\n{entries_text(fired, full=False)}\n\n"
-        f"## OR SET ONE KNOB\n{knobs}\n\n"
-        "## TASK\nChoose the ONE change that best addresses the health report: an intervention above with a "
-        'value for each of its params, or a knob with a new value. Reply with one JSON object only:\n'
+        f'## OR SET ONE KNOB (reply {{"entry": "knob", "knob": <name>, "value": <new value>, "hypothesis": <why>}})\n'
+        f"{knobs}\n\n"
+        "## TASK\nChoose the ONE change that best addresses the health report, preferably an intervention above "
+        "with a value for each of its params. Reply with one JSON object only:\n"
         '{"entry": "<intervention id>", "params": {"<param>": <value>}, "hypothesis": "<one short sentence: why>"}\n'
-        'or {"entry": "knob", "knob": "<knob name>", "value": <new value>, "hypothesis": "<why>"}\n'
     )
     return _messages(user)
