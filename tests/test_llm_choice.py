@@ -112,6 +112,10 @@ def test_server_gets_the_schema_as_structured_output_and_replies_become_interven
     assert iv.factor == "hook:keep_groups" and iv.details["params"] == {"signal": "correct"}
     assert "dead groups dilute the loss" in iv.hypothesis and iv.prompt_tokens == 21
     bodies = [r["body"] for r in srv.requests]
+    prompt = bodies[0]["messages"][-1]["content"]   # health summary, fired entries, knobs with their ranges
+    assert "insufficient_signal" in prompt and "dead_group_ratio=0.92" in prompt
+    assert "- dapo_dynamic_sampling:" in prompt and "raise_temperature" not in prompt
+    assert "temperature = 1.0 in [0.3, 1.5]" in prompt
     sent = bodies[0]["response_format"]
     assert sent["type"] == "json_schema" and conforms(json.loads(reply), sent["json_schema"]["schema"])
     assert bodies[1]["guided_json"] == schema and "response_format" not in bodies[1]

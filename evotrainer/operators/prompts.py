@@ -182,7 +182,9 @@ def health_summary_text(evidence: Evidence, max_alerts: int = 5) -> str:
 
 
 def _knob_line(name: str, spec: dict[str, Any], grid: list[Any]) -> str:
-    return f"- {name} = {json.dumps(spec['value'])}; new value one of: {' | '.join(json.dumps(v) for v in grid)}"
+    declared = f" in [{spec['range'][0]:g}, {spec['range'][1]:g}]" if "range" in spec else ""
+    return (f"- {name} = {json.dumps(spec['value'])}{declared}; new value one of: "
+            f"{' | '.join(json.dumps(v) for v in grid)}")
 
 
 def choice_messages(evidence: Evidence, fired: list[Applicable], knob_specs: dict[str, dict[str, Any]],
