@@ -3,6 +3,8 @@
     evotrainer mutate harness.py --operator knobs
     evotrainer mutate harness.py --operator llm_diff --evidence report.json --llm-url http://localhost:8000/v1 --llm-model qwen
     evotrainer mutate a.py --operator crossover --second-parent b.py
+    evotrainer mutate harness.py --operator llm_choice --evidence report.json     # the local model, constrained
+    evotrainer mutate harness.py --operator library --evidence report.json        # no LLM
 
 Exit code 0 with the intervention on stdout, or 1 with the rejection reason (and kind) on stderr.
 """
@@ -17,7 +19,7 @@ from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
 
-LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair")
+LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair", "llm_choice")
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--failure", help="llm_repair: the error text it failed with")
     p.add_argument("--llm-url", help="OpenAI-compatible server URL (default: the local base model)")
     p.add_argument("--llm-model", help="model name on the server, or a local model spec/folder")
+    p.add_argument("--structured-output", choices=("json_schema", "guided_json", "none"), default="json_schema",
+                   help="how a server is asked to follow llm_choice's reply schema: response_format json_schema "
+                        "(default), vLLM's guided_json, or none (the prompt alone asks for JSON)")
     p.add_argument("--max-tokens", type=int, default=1024, help="LLM completion tokens (default 1024)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
@@ -55,7 +60,9 @@ def run_mutate(args: argparse.Namespace) -> int:
         if args.operator in LLM_OPERATORS or args.llm_url:
             from evotrainer.operators.llm_client import make_client
 
-            shared["client"] = make_client(args.llm_url, args.llm_model)
+            structured = None if args.structured_output == "none" else args.structured_output
+            shared["client"] = make_client(args.llm_url, args.llm_model,
+                                           **({"structured_output": structured} if args.llm_url else {}))
         op = get_operator(args.operator, **accepted_kwargs(args.operator, shared))
         intervention = op.propose(parents, evidence)
     except OperatorError as err:

@@ -1,8 +1,9 @@
 """Mutation operators: make child harness genomes from parents plus evidence.
 
-Built-ins: ``llm_diff``, ``llm_rewrite``, ``llm_crossover``, ``llm_repair`` (LLM operators),
-``knobs`` (Optuna over KNOBS) and ``crossover`` (structural). User operators register with
-``@register_operator("name")`` or the ``evotrainer.operators`` entry-point group.
+Built-ins: ``llm_diff``, ``llm_rewrite``, ``llm_crossover``, ``llm_repair`` (free-form LLM operators),
+``llm_choice`` (an LLM picks a library entry or a knob value under a JSON schema), ``library`` (known
+interventions whose triggers fire, no LLM), ``knobs`` (Optuna over KNOBS) and ``crossover`` (structural).
+User operators register with ``@register_operator("name")`` or the ``evotrainer.operators`` entry-point group.
 """
 
 from evotrainer.operators.acceptance import make_intervention

@@ -7,6 +7,7 @@ LLMs cleanly and keeps searching with the other operators.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import time
@@ -33,7 +34,19 @@ class Completion:
 
 @runtime_checkable
 class LLMClient(Protocol):
+    """``complete`` may also take ``json_schema=`` (a JSON schema the reply must follow): both clients
+    here do; an operator checks with ``accepts_json_schema`` before passing it to another client."""
+
     def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7) -> Completion: ...
+
+
+def accepts_json_schema(client: Any) -> bool:
+    """Whether ``client.complete`` takes a ``json_schema`` keyword (constrained or structured output)."""
+    try:
+        params = inspect.signature(client.complete).parameters
+    except (TypeError, ValueError):
+        return False
+    return "json_schema" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def estimate_tokens(text: str) -> int:
@@ -121,6 +134,16 @@ class _Accounting:
         return c
 
 
+# How an OpenAI-compatible server is asked to follow a reply's JSON schema:
+#   "json_schema": ``response_format={"type": "json_schema", ...}`` (OpenAI's structured outputs; vLLM,
+#                  SGLang and llama.cpp's server accept it too);
+#   "guided_json": vLLM's older ``guided_json`` request field (in ``extra_body``);
+#   None: not at all: the prompt alone asks for the JSON, and the operator checks the reply.
+# The schemas ``llm_choice`` sends are an ``anyOf`` of objects at the root, which vLLM, SGLang and
+# llama.cpp accept; OpenAI's hosted strict mode wants an object at the root and may refuse them.
+STRUCTURED_OUTPUT = ("json_schema", "guided_json", None)
+
+
 class OpenAIClient(_Accounting):
     """Chat completions from an OpenAI-compatible server (vLLM, llama.cpp, a hosted API).
 
@@ -131,8 +154,13 @@ class OpenAIClient(_Accounting):
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0,
                  max_retries: int = 3, backoff: float = 1.0, budget: TokenBudget | None = None,
-                 extra_body: dict[str, Any] | None = None) -> None:
+                 extra_body: dict[str, Any] | None = None, structured_output: str | None = "json_schema") -> None:
         import openai
+
+        if structured_output not in STRUCTURED_OUTPUT:
+            raise ValueError(f"unknown structured_output {structured_output!r}; use one of "
+                             f"{', '.join(map(str, STRUCTURED_OUTPUT))}")
+        self.structured_output = structured_output
 
         self._openai = openai
         self.base_url = base_url
@@ -154,14 +182,25 @@ class OpenAIClient(_Accounting):
             return err.status_code == 429 or err.status_code >= 500
         return False
 
-    def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7) -> Completion:
+    def _schema_kwargs(self, json_schema: dict[str, Any] | None) -> dict[str, Any]:
+        """How the server is asked to follow ``json_schema`` (see ``STRUCTURED_OUTPUT``)."""
+        extra = dict(self.extra_body or {})
+        out: dict[str, Any] = {}
+        if json_schema is not None and self.structured_output == "json_schema":
+            out["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": json_schema}}
+        elif json_schema is not None and self.structured_output == "guided_json":
+            extra["guided_json"] = json_schema
+        return {**out, **({"extra_body": extra} if extra else {})}
+
+    def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7,
+                 json_schema: dict[str, Any] | None = None) -> Completion:
         self._before(messages, max_tokens)
         last: Exception | None = None
         for attempt in range(self.max_retries + 1):
             try:
                 response = self._client.chat.completions.create(
                     model=self.model, messages=messages, max_tokens=max_tokens, temperature=temperature,
-                    **({"extra_body": self.extra_body} if self.extra_body else {}),
+                    **self._schema_kwargs(json_schema),
                 )
                 break
             except self._openai.OpenAIError as err:
@@ -200,6 +239,7 @@ class LocalClient(_Accounting):
         self.seed = seed
         self.threads = threads
         self._model, self._tokenizer = model, tokenizer
+        self._schema_constraint: Any = None   # llguidance's view of the tokenizer, built on first use
         self._init_accounting(budget)
 
     def _load(self) -> tuple[Any, Any]:
@@ -209,7 +249,10 @@ class LocalClient(_Accounting):
             self._model, self._tokenizer = load_base_model(self.spec, dtype=self.dtype, device=self.device)
         return self._model, self._tokenizer
 
-    def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7) -> Completion:
+    def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7,
+                 json_schema: dict[str, Any] | None = None) -> Completion:
+        """With ``json_schema``, decoding is constrained so that the reply is JSON valid under it
+        (``operators/constrained.py``); a reply cut off by ``max_tokens`` raises LLMError."""
         import torch
 
         self._before(messages, max_tokens)
@@ -220,6 +263,9 @@ class LocalClient(_Accounting):
         sample = temperature > 0 and not self.greedy
         kwargs: dict[str, Any] = {"do_sample": sample, "max_new_tokens": max_tokens,
                                   "pad_token_id": tok.pad_token_id or tok.eos_token_id}
+        constraint = self._constraint(tok).processor(json_schema, input_ids.shape[1]) if json_schema else None
+        if constraint is not None:
+            kwargs["logits_processor"] = [constraint]
         if sample:
             kwargs["temperature"] = temperature
             torch.manual_seed(self.seed + self.calls)   # reproducible, but a new draw each call
@@ -236,7 +282,20 @@ class LocalClient(_Accounting):
             torch.set_num_threads(previous)
         new = out[0, input_ids.shape[1]:]
         text = tok.decode(new, skip_special_tokens=True)
-        return self._after(Completion(text, int(input_ids.shape[1]), int(new.shape[0])))
+        completion = self._after(Completion(text, int(input_ids.shape[1]), int(new.shape[0])))
+        if constraint is not None and not constraint.finish(new.tolist()):
+            raise LLMError(f"the constrained reply was cut off at max_tokens={max_tokens} before its JSON was "
+                           f"complete: {text[-120:]!r}")
+        return completion
+
+    def _constraint(self, tokenizer: Any) -> Any:
+        # Imported here: llguidance is only needed for constrained replies, and building its view of the
+        # tokenizer takes about a second, so it is built once per client.
+        from evotrainer.operators.constrained import SchemaConstraint
+
+        if self._schema_constraint is None:
+            self._schema_constraint = SchemaConstraint(tokenizer)
+        return self._schema_constraint
 
 
 def make_client(url: str | None = None, model: str | None = None, budget: TokenBudget | None = None,

@@ -13,6 +13,7 @@ from typing import Any
 
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC
+from evotrainer.operators.library import Applicable, entries_text
 from evotrainer.genome.contract import DEFAULT_ALLOWED_IMPORTS
 from evotrainer.genome.program import HOOK_PARAMS
 
@@ -168,3 +169,45 @@ def repair_messages(failed_source: str, failure: str, evidence: Evidence) -> lis
         "the child's intended change. Edit the BROKEN CHILD HARNESS (SEARCH text comes from it).\n\n"
         f"## REQUIRED REPLY FORMAT\n{DIFF_FORMAT}\n"
     )
+
+
+# ---- llm_choice: pick a fired library entry or a knob value (a JSON reply under a schema) -----------
+# The metrics a choice prompt shows: the ones library triggers read, so a small model's context
+# holds the whole prompt and every number in it bears on a listed option.
+CHOICE_METRICS = ("heldout_accuracy", "heldout_delta", "train_correct_rate", "train_heldout_gap", "dead_group_ratio",
+                  "kept_group_ratio", "reward_spread", "format_compliance", "truncation_rate", "mean_logprob",
+                  "response_length_p50")
+
+
+def health_summary_text(evidence: Evidence, max_alerts: int = 5) -> str:
+    """The alerts (most severe first) and the key metrics, one line each."""
+    alerts = sorted(evidence.alerts(), key=lambda a: SEVERITY_ORDER.get(str(a.get("severity", "info")), 9))
+    lines = [f"- [{a.get('severity', '?')}] {a.get('name') or a.get('rule') or ''}: {a.get('message', '')}"
+             for a in alerts[:max_alerts]] or ["- no alerts"]
+    metrics = (evidence.health_report or {}).get("metrics") or {}
+    shown = [f"{k}={_fmt(metrics[k])}" for k in CHOICE_METRICS if metrics.get(k) is not None]
+    return "\n".join(lines + ["metrics: " + (", ".join(shown) or "none reported")])
+
+
+def _knob_line(name: str, spec: dict[str, Any], grid: list[Any]) -> str:
+    declared = f" in [{spec['range'][0]:g}, {spec['range'][1]:g}]" if "range" in spec else ""
+    return (f"- {name} = {json.dumps(spec['value'])}{declared}; new value one of: "
+            f"{' | '.join(json.dumps(v) for v in grid)}")
+
+
+def choice_messages(evidence: Evidence, fired: list[Applicable], knob_specs: dict[str, dict[str, Any]],
+                    knob_grids: dict[str, list[Any]]) -> list[dict[str, str]]:
+    """The llm_choice prompt: health summary, the fired library entries, the tunable knobs, and the
+    reply format. It is short on purpose: prefill dominates a small local model's time on a CPU, and
+    the schema, not the prompt, keeps the reply valid."""
+    knobs = "\n".join(_knob_line(n, knob_specs[n], g) for n, g in knob_grids.items()) or "none"
+    user = (
+        f"## HEALTH REPORT\n{health_summary_text(evidence)}\n\n"
+        f"## INTERVENTIONS THAT FIT THIS REPORT (from papers and recipes)\n{entries_text(fired, full=False)}\n\n"
+        f'## OR SET ONE KNOB (reply {{"entry": "knob", "knob": <name>, "value": <new value>, "hypothesis": <why>}})\n'
+        f"{knobs}\n\n"
+        "## TASK\nChoose the ONE change that best addresses the health report, preferably an intervention above "
+        "with a value for each of its params. Reply with one JSON object only:\n"
+        '{"entry": "<intervention id>", "params": {"<param>": <value>}, "hypothesis": "<one short sentence: why>"}\n'
+    )
+    return _messages(user)

@@ -28,6 +28,8 @@ BUILTINS: dict[str, str] = {
     "llm_rewrite": "evotrainer.operators.llm:LLMRewriteOperator",
     "llm_crossover": "evotrainer.operators.llm:LLMCrossoverOperator",
     "llm_repair": "evotrainer.operators.llm:LLMRepairOperator",
+    "llm_choice": "evotrainer.operators.llm_choice:LLMChoiceOperator",
+    "library": "evotrainer.operators.library:LibraryOperator",
     "knobs": "evotrainer.operators.knobs:KnobOperator",
     "crossover": "evotrainer.operators.structural:CrossoverOperator",
 }

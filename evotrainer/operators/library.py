@@ -1,0 +1,376 @@
+"""The intervention library: known training-side interventions as data, and the ``library`` operator.
+
+An entry is one intervention from the RL-for-LLMs literature or a standard recipe (DAPO dynamic
+sampling, RLOO, a lower sampling temperature, ...): *when* it applies (a trigger over health-report
+metrics, the same ``{"metric", "op", "value"}`` conditions as skills), *what* it changes (one knob or
+one hook), *how* (a parameterised edit: a hook template with ``$param`` placeholders, or a move of a
+knob's value), the hypothesis it tests, the effect it expects, and where it comes from. The entries
+themselves live in ``library_entries.py``.
+
+The ``library`` operator needs no LLM: it draws, by weight, an entry whose trigger fires on the
+parent's health report, draws its parameters among the allowed values, and hands the child to
+``make_intervention``. ``llm_choice`` shows the same fired entries to a model that picks one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import operator
+import random
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from evotrainer.genome.edits import rewrite_hook
+from evotrainer.genome.errors import GenomeError
+from evotrainer.genome.program import HOOK_PARAMS, HarnessProgram
+from evotrainer.operators.acceptance import make_intervention
+from evotrainer.operators.base import OperatorError
+from evotrainer.operators.evidence import Evidence
+from evotrainer.operators.intervention import ExpectedEffect, Intervention
+from evotrainer.records.numeric import finite_or_none
+
+# The comparison operators of a trigger condition: the same set as ``loop/skills.py`` triggers, so a
+# library entry exported as a seed skill fires on exactly the reports it fires on here.
+TRIGGER_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+               "!=": operator.ne}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a hook template: the values it may take (JSON scalars)."""
+    name: str
+    choices: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class KnobMove:
+    """How a knob entry moves a knob: multiply a range knob's value by one of ``factors`` (clipped to
+    its range), or, for a choices knob, step ``direction`` ("up"/"down") to any larger/smaller choice;
+    ``to`` sets a choices knob to one value (e.g. ``True``)."""
+    knob: str
+    factors: tuple[float, ...] = ()
+    direction: str = "up"
+    to: Any = None
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    id: str
+    summary: str                          # one line: what the change does (prompts, reports)
+    factor: str                           # "knob:NAME" or "hook:NAME"
+    trigger: tuple[dict[str, Any], ...]   # all must hold on the parent's report metrics
+    hypothesis: str                       # str.format template: params, plus {old}/{new} for knobs
+    expected_effect: ExpectedEffect
+    source: str                           # paper or recipe
+    template: str = ""                    # hook entries: the complete new ``def``, ``$param`` placeholders
+    params: tuple[Param, ...] = ()        # hook entries: the template's parameters
+    move: KnobMove | None = None          # knob entries
+    needs_knobs: tuple[str, ...] = ()     # knobs the template reads from KNOBS
+    requires_hook: str | None = None      # a hook the parent must already define (e.g. select_tasks)
+    weight: float = 1.0
+
+    @property
+    def kind(self) -> str:
+        return self.factor.partition(":")[0]
+
+    @property
+    def target(self) -> str:
+        return self.factor.partition(":")[2]
+
+    def fires(self, metrics: dict[str, Any]) -> bool:
+        return bool(self.trigger) and all(holds(c, metrics) for c in self.trigger)
+
+    # ---- what the entry can do on a parent -----------------------------------------------
+    def unavailable(self, parent: HarnessProgram) -> str | None:
+        """Why this entry cannot edit ``parent`` (None when it can)."""
+        if self.requires_hook and (self.requires_hook not in HOOK_PARAMS or self.requires_hook not in parent.functions):
+            return f"needs hook {self.requires_hook}, which the parent does not define in an EVOLVE block"
+        missing = [k for k in self.needs_knobs + ((self.move.knob,) if self.move else ()) if k not in parent.knobs]
+        if missing:
+            return f"needs knob(s) {', '.join(missing)}, which the parent does not declare"
+        empty = [p for p, values in self.options(parent).items() if not values]
+        if empty:
+            return f"no allowed value of {', '.join(empty)} differs from the parent's"
+        return None
+
+    def options(self, parent: HarnessProgram) -> dict[str, list[Any]]:
+        """Each parameter's allowed values on ``parent``: a knob entry's one parameter ``value`` is
+        derived from the parent's current value and the knob's range or choices."""
+        if self.move is None:
+            return {p.name: list(p.choices) for p in self.params}
+        spec = parent.knobs.get(self.move.knob)
+        return {"value": knob_values(spec, self.move) if spec else []}
+
+    def combinations(self, parent: HarnessProgram) -> list[dict[str, Any]]:
+        opts = self.options(parent)
+        names = list(opts)
+        return [dict(zip(names, values)) for values in itertools.product(*(opts[n] for n in names))]
+
+    # ---- the edit --------------------------------------------------------------------------
+    def render(self, params: dict[str, Any]) -> str:
+        """A hook entry's new ``def`` with the parameters written in as Python literals."""
+        return string.Template(self.template).substitute({k: repr(v) for k, v in params.items()})
+
+    def apply(self, parent: HarnessProgram, params: dict[str, Any]) -> HarnessProgram:
+        """The child: ``parent`` with this entry's one edit. Raises OperatorError for parameters
+        outside the allowed values, and when the edit does not apply."""
+        allowed = self.options(parent)
+        if set(params) != set(allowed):
+            raise OperatorError(f"entry {self.id} takes parameters {sorted(allowed) or 'none'}, got {sorted(params)}",
+                                "parse")
+        for name, value in params.items():
+            if not any(same_value(value, v) for v in allowed[name]):
+                raise OperatorError(f"entry {self.id}: {name}={value!r} is not one of {allowed[name]}", "parse")
+        try:
+            if self.move is not None:
+                return parent.with_knobs(**{self.move.knob: params["value"]})
+            return rewrite_hook(parent, self.target, self.render(params))
+        except GenomeError as err:
+            raise OperatorError(f"entry {self.id} does not apply: {err}", "edit") from err
+
+    def hypothesis_text(self, parent: HarnessProgram, params: dict[str, Any]) -> str:
+        old = parent.knobs[self.move.knob]["value"] if self.move else None
+        return self.hypothesis.format(**params, old=old, new=params.get("value"))
+
+
+def holds(condition: dict[str, Any], metrics: dict[str, Any]) -> bool:
+    """A condition on a metric that is absent or not a number does not hold (as for skills)."""
+    x = finite_or_none(metrics.get(condition["metric"]))
+    return x is not None and TRIGGER_OPS[condition["op"]](x, float(condition["value"]))
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal, and of the same kind: ``True`` is not ``1``; ``4`` and ``4.0`` are the same number."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def knob_values(spec: dict[str, Any], move: KnobMove) -> list[Any]:
+    """The values a knob move may set: different from the current value and inside the knob's
+    range or choices."""
+    current = spec["value"]
+    if "choices" in spec:
+        choices = list(spec["choices"])
+        if move.to is not None:
+            return [c for c in choices if same_value(c, move.to) and not same_value(c, current)]
+        numeric = [c for c in choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if move.direction == "up":
+            return sorted(c for c in numeric if c > current)
+        return sorted((c for c in numeric if c < current), reverse=True)
+    lo, hi = spec["range"]
+    integer = all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi, current))
+    out: list[Any] = []
+    for f in move.factors:
+        v = min(max(current * f, lo), hi)
+        v = int(round(v)) if integer else float(f"{v:.3g}")   # readable genomes; finer than any effect
+        if lo <= v <= hi and not same_value(v, current) and not any(same_value(v, o) for o in out):
+            out.append(v)
+    return out
+
+
+def report_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """What triggers read, as for skills: the report's numeric metrics plus ``alert:<name> = 1``
+    for every alert that fired."""
+    out = {k: x for k, v in (report.get("metrics") or {}).items() if (x := finite_or_none(v)) is not None}
+    for a in report.get("alerts") or report.get("findings") or []:
+        if isinstance(a, dict) and a.get("name"):
+            out[f"alert:{a['name']}"] = 1.0
+    return out
+
+
+def default_entries() -> list[LibraryEntry]:
+    from evotrainer.operators.library_entries import ENTRIES   # data module; imported here to avoid a cycle
+
+    return list(ENTRIES)
+
+
+@dataclass
+class Applicable:
+    """An entry that fires on a report and can edit the parent, with its parameter options."""
+    entry: LibraryEntry
+    options: dict[str, list[Any]]
+    combinations: list[dict[str, Any]] = field(default_factory=list)   # not yet tried on this parent
+
+
+def applicable_entries(parent: HarnessProgram, evidence: Evidence, entries: Sequence[LibraryEntry],
+                       tried: set[str] = frozenset()) -> tuple[list[Applicable], dict[str, str]]:
+    """(entries that fire and have an untried child, {entry id: why it was left out})."""
+    metrics = report_metrics(evidence.health_report or {})
+    found, skipped = [], {}
+    for entry in entries:
+        if not entry.fires(metrics):
+            skipped[entry.id] = "trigger does not fire"
+            continue
+        why = entry.unavailable(parent)
+        if why:
+            skipped[entry.id] = why
+            continue
+        combos = entry.combinations(parent)
+        fresh = [p for p in combos if _child_hash(entry, parent, p) not in tried] if tried else combos
+        if not fresh:
+            skipped[entry.id] = "every parameter choice was already tried on this parent"
+            continue
+        found.append(Applicable(entry, entry.options(parent), fresh))
+    return found, skipped
+
+
+def _child_hash(entry: LibraryEntry, parent: HarnessProgram, params: dict[str, Any]) -> str | None:
+    try:
+        return entry.apply(parent, params).hash
+    except (OperatorError, GenomeError):   # a child that cannot be built is reported when it is proposed
+        return None
+
+
+def tried_hashes(parent: HarnessProgram, evidence: Evidence) -> set[str]:
+    """Children already made from this parent: known genomes, and history records of this parent
+    that name their child's hash."""
+    out = set(evidence.known_hashes)
+    for h in evidence.history:
+        if h.get("child_hash") and parent.hash in (h.get("parent_hashes") or [h.get("parent_hash")]):
+            out.add(h["child_hash"])
+    return out
+
+
+class LibraryOperator:
+    """Proposes library entries whose triggers fire on the parent's health report (no LLM).
+
+    ``weights`` (entry id -> weight, default each entry's own) set how often a fired entry is drawn;
+    the loop may change them as entries succeed or fail. A child already known, or already proposed
+    by this operator on the same parent, is never proposed again.
+    """
+
+    name = "library"
+
+    def __init__(self, seed: int = 0, weights: dict[str, float] | None = None,
+                 entries: Sequence[LibraryEntry] | None = None) -> None:
+        self.rng = random.Random(seed)
+        self.entries = list(entries) if entries is not None else default_entries()
+        ids = [e.id for e in self.entries]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"library entry ids must be unique: {sorted(i for i in ids if ids.count(i) > 1)}")
+        self.weights = {e.id: e.weight for e in self.entries}
+        self.set_weights(weights or {})
+        self._proposed: set[tuple[str, str]] = set()   # (parent hash, child hash) proposed so far
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        unknown = sorted(set(weights) - set(self.weights))
+        if unknown:
+            raise KeyError(f"unknown library entries {', '.join(unknown)}; known: {', '.join(self.weights)}")
+        if any(w < 0 for w in weights.values()):
+            raise ValueError(f"library entry weights must be >= 0: {weights}")
+        self.weights.update(weights)
+
+    def tried(self, parent: HarnessProgram, evidence: Evidence) -> set[str]:
+        """Children of ``parent`` not to propose again: known, in the history, or proposed here."""
+        return tried_hashes(parent, evidence) | {c for p, c in self._proposed if p == parent.hash}
+
+    def remember(self, parent: HarnessProgram, child_hash: str) -> None:
+        self._proposed.add((parent.hash, child_hash))
+
+    def applicable(self, parent: HarnessProgram, evidence: Evidence) -> tuple[list[Applicable], dict[str, str]]:
+        entries = [e for e in self.entries if self.weights.get(e.id, 0.0) > 0]
+        return applicable_entries(parent, evidence, entries, self.tried(parent, evidence))
+
+    def propose(self, parents: list, evidence: Evidence) -> Intervention:
+        if not parents:
+            raise OperatorError("the library operator needs a parent", "input")
+        parent = parents[0]
+        try:
+            found, skipped = self.applicable(parent, evidence)
+        except GenomeError as err:   # a parent whose KNOBS or hooks cannot be read offers nothing to edit
+            raise OperatorError(f"cannot read the parent: {err}", "input") from err
+        if not found:
+            fired = {k: v for k, v in skipped.items() if v != "trigger does not fire"}
+            detail = "; ".join(f"{k}: {v}" for k, v in fired.items()) or "no trigger holds on the report's metrics"
+            raise OperatorError(f"no library entry fires on this health report with an untried child ({detail})",
+                                "input")
+        failures, kind = [], "input"
+        while found:
+            pick = self.rng.choices(found, weights=[self.weights[a.entry.id] for a in found])[0]
+            found.remove(pick)
+            params = self.rng.choice(pick.combinations)
+            try:
+                iv = propose_entry(self.name, parent, pick.entry, params, evidence)
+            except OperatorError as err:   # an entry that does not fit this parent: try another
+                failures.append(f"{pick.entry.id}: {err.reason}")
+                kind = err.kind
+                continue
+            self.remember(parent, iv.child_hash)
+            return iv
+        raise OperatorError("every fired library entry failed on this parent: " + "; ".join(failures), kind)
+
+
+def propose_entry(operator_name: str, parent: HarnessProgram, entry: LibraryEntry, params: dict[str, Any],
+                  evidence: Evidence, extra_hypothesis: str = "", prompt_tokens: int = 0,
+                  completion_tokens: int = 0, details: dict[str, Any] | None = None) -> Intervention:
+    """``entry`` applied to ``parent`` with ``params``, through the acceptance rules."""
+    child = entry.apply(parent, params)
+    hypothesis = entry.hypothesis_text(parent, params) + (f" {extra_hypothesis}" if extra_hypothesis else "")
+    knob = entry.move is not None   # with_knobs changed one validated literal: the factor is known
+    iv = make_intervention(
+        operator_name, [parent], child, evidence, hypothesis=hypothesis, expected_effect=entry.expected_effect,
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        details={"entry": entry.id, "params": dict(params), "source": entry.source, **(details or {})},
+        check_contract=not knob, factors=[entry.factor] if knob else None,
+    )
+    if iv.factors != [entry.factor]:   # the hypothesis is about the entry's factor; another change does not test it
+        raise OperatorError(f"entry {entry.id} should change {entry.factor} but changes {', '.join(iv.factors)}",
+                            "single_factor", prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+    return iv
+
+
+# ---- the library as seed skills and as prompt text ---------------------------------------------------
+def _change_text(entry: LibraryEntry) -> str:
+    if entry.move is None:
+        return entry.template
+    m = entry.move
+    how = (f"set to {m.to!r}" if m.to is not None else f"multiply by one of {', '.join(f'{f:g}' for f in m.factors)}"
+           if m.factors else f"step {m.direction} to another of its choices")
+    return f"knob {m.knob}: {how}, within its declared range or choices"
+
+
+def seed_skills(entries: Sequence[LibraryEntry] | None = None) -> list[dict[str, Any]]:
+    """The entries as skills (the fields of ``loop/skills.py`` ``Skill``), for seeding a skill library:
+    literature knowledge, so no evidence yet, not validated, and not tied to a domain."""
+    out = []
+    for e in entries if entries is not None else default_entries():
+        out.append({
+            "id": f"library-{e.id}", "factor": e.factor, "trigger": [dict(c) for c in e.trigger],
+            "intervention": {"factor": e.factor, "template": _change_text(e), "entry": e.id,
+                             "params": {p.name: list(p.choices) for p in e.params}},
+            "expected_outcome": e.expected_effect.to_dict(), "hypothesis": e.hypothesis,
+            "evidence": [], "domains": [], "validated": False, "scope": "general", "source": e.source,
+        })
+    return out
+
+
+def _fmt_value(v: Any) -> str:
+    """As the reply writes it: JSON (true, "reward"), floats short."""
+    return f"{v:g}" if isinstance(v, float) else json.dumps(v)
+
+
+def entry_text(entry: LibraryEntry, options: dict[str, list[Any]] | None = None, full: bool = True) -> str:
+    """One line for an LLM prompt: id, what it does, its parameters; ``full`` adds the factor, the claim,
+    the trigger and the source (a prompt of fired entries for a small model's context leaves them out)."""
+    opts = options if options is not None else {p.name: list(p.choices) for p in entry.params}
+    params = "; ".join(f"{k} in {{{', '.join(_fmt_value(v) for v in vs)}}}" for k, vs in opts.items()) or "none"
+    line = f"- {entry.id}: {entry.summary}. params: {params}"
+    if not full:
+        return line
+    when = " and ".join(f"{c['metric']} {c['op']} {c['value']:g}" for c in entry.trigger)
+    return f"{line}. factor: {entry.factor}. expect: {entry.expected_effect}. when: {when}. source: {entry.source}"
+
+
+def entries_text(items: Sequence[LibraryEntry | Applicable], full: bool = True, max_chars: int = 4000) -> str:
+    """The entries (or fired entries with their options on a parent) as prompt lines."""
+    lines = [entry_text(i.entry, i.options, full) if isinstance(i, Applicable) else entry_text(i, full=full)
+             for i in items]
+    text = "\n".join(lines) or "none"
+    return text if len(text) <= max_chars else text[: max_chars - 20] + "\n... [truncated]"

@@ -1,0 +1,267 @@
+"""The entries of the intervention library (``library.py`` defines what an entry is).
+
+Hook templates are complete ``def``s that replace one EVOLVE block, with ``$name`` placeholders for
+parameters (``string.Template``: Python's braces stay literal). They are self-contained on purpose:
+they use no helper of the reference harness and import nothing, so they load in any genome whose
+contract allows the hook. Rollouts are the plain dicts a harness sees (``visible`` verdict,
+``completion_ids``, ``truncated``, ``reward`` once the engine has scored them, ``step``, ``group``).
+
+Expected effects: a reward or group-filter change is judged on the parent's cached rollouts by the
+backtest (``dead_group_ratio`` and ``kept_group_ratio`` are what its replay recomputes); a change the
+replay cannot predict (advantages, sampling knobs, the learning rate, task selection) claims the
+fitness, judged after training.
+"""
+
+from __future__ import annotations
+
+from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect
+from evotrainer.operators.library import KnobMove, LibraryEntry, Param
+
+
+def when(metric: str, op: str, value: float) -> dict:
+    return {"metric": metric, "op": op, "value": value}
+
+
+FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
+FEWER_KEPT = ExpectedEffect("kept_group_ratio", "delta<", 0.0)
+FITTER = ExpectedEffect(FITNESS_METRIC, "delta>", 0.0)
+
+# ---- reward ---------------------------------------------------------------------------------------
+FORMAT_CREDIT = '''def reward(rollouts, tasks):
+    """Partial credit: 1 for a correct answer, $credit for a wrong one in the required answer format."""
+    out = []
+    for r in rollouts:
+        seen = r["visible"]
+        out.append(1.0 if seen.get("correct") else ($credit if seen.get("format_ok") else 0.0))
+    return out'''
+
+OVERLONG_PENALTY = '''def reward(rollouts, tasks):
+    """Correctness plus DAPO's soft overlong penalty: 0 up to the last $buffer of the token limit,
+    falling linearly to -$scale at the limit; -$scale for a truncated completion."""
+    limit = float(KNOBS["max_completion_length"]["value"])
+    span = max(1.0, $buffer * limit)
+    out = []
+    for r in rollouts:
+        n = len(r["completion_ids"])
+        if r["truncated"] or n >= limit:
+            penalty = -1.0
+        elif n > limit - span:
+            penalty = (limit - span - n) / span
+        else:
+            penalty = 0.0
+        out.append((1.0 if r["visible"].get("correct") else 0.0) + $scale * penalty)
+    return out'''
+
+LENGTH_PENALTY = '''def reward(rollouts, tasks):
+    """Correctness plus Kimi k1.5's length reward, weighted by $weight: within a group,
+    lam = 0.5 - (len - shortest) / (longest - shortest); a correct answer gets lam, a wrong one min(0, lam)."""
+    spans = {}
+    for r in rollouts:
+        key = (r["step"], r["group"])
+        n = len(r["completion_ids"])
+        lo, hi = spans.get(key, (n, n))
+        spans[key] = (min(lo, n), max(hi, n))
+    out = []
+    for r in rollouts:
+        lo, hi = spans[(r["step"], r["group"])]
+        lam = 0.5 - (len(r["completion_ids"]) - lo) / (hi - lo) if hi > lo else 0.0
+        correct = bool(r["visible"].get("correct"))
+        out.append((1.0 if correct else 0.0) + $weight * (lam if correct else min(0.0, lam)))
+    return out'''
+
+# ---- keep_groups ----------------------------------------------------------------------------------
+DYNAMIC_SAMPLING = '''def keep_groups(groups):
+    """DAPO dynamic sampling: drop groups whose rollouts all agree on $signal (all right or all wrong),
+    which carry no advantage and only dilute the loss."""
+    signal = $signal
+    keep = []
+    for g in groups:
+        if signal == "reward":
+            values = [r["reward"] if r.get("reward") is not None else float(bool(r["visible"].get("correct")))
+                      for r in g]
+        else:
+            values = [float(bool(r["visible"].get("correct"))) for r in g]
+        keep.append(bool(values) and max(values) - min(values) > 1e-6)
+    return keep'''
+
+STD_FILTER = '''def keep_groups(groups):
+    """Keep groups whose shaped rewards have a standard deviation of at least $min_std."""
+    keep = []
+    for g in groups:
+        values = [r["reward"] if r.get("reward") is not None else float(bool(r["visible"].get("correct")))
+                  for r in g]
+        m = sum(values) / len(values) if values else 0.0
+        std = (sum((x - m) ** 2 for x in values) / len(values)) ** 0.5 if values else 0.0
+        keep.append(std >= $min_std)
+    return keep'''
+
+# ---- advantages -----------------------------------------------------------------------------------
+RLOO = '''def advantages(groups, rewards):
+    """RLOO: each rollout's baseline is the mean reward of the other rollouts of its group
+    (unbiased, unlike a mean that includes the rollout itself); scaled by the group std: $scale_by_std."""
+    out = []
+    for rs in rewards:
+        n = len(rs)
+        if n < 2:
+            out.append([0.0 for _ in rs])
+            continue
+        total = sum(rs)
+        adv = [r - (total - r) / (n - 1) for r in rs]
+        if $scale_by_std:
+            m = total / n
+            std = (sum((r - m) ** 2 for r in rs) / (n - 1)) ** 0.5
+            adv = [a / (std + 1e-4) for a in adv]
+        out.append(adv)
+    return out'''
+
+DR_GRPO = '''def advantages(groups, rewards):
+    """Dr. GRPO: reward minus the group mean, not divided by the group std, so that groups with
+    little variance (nearly all right or all wrong) are not weighted up."""
+    out = []
+    for rs in rewards:
+        m = sum(rs) / len(rs) if rs else 0.0
+        out.append([r - m for r in rs])
+    return out'''
+
+# ---- select_tasks (the curriculum hook: select_tasks(pool, stats, step, n) -> n task ids) ---------
+PASS_RATE_CURRICULUM = '''def select_tasks(pool, stats, step, n):
+    """Curriculum by pass rate: tasks whose observed pass rate lies in [$low, $high] (or that were
+    never tried) first, rotating through them step by step; the rest fill up."""
+    band, rest = [], []
+    for t in pool:
+        s = stats.get(t["id"]) or {}
+        tries = s.get("attempts", 0)
+        rate = s.get("correct", 0) / tries if tries else None
+        (band if rate is None or $low <= rate <= $high else rest).append(t["id"])
+    if band:
+        k = (step * n) % len(band)
+        band = band[k:] + band[:k]
+    ids = band + rest
+    return [ids[i % len(ids)] for i in range(n)] if ids else []'''
+
+EASY_FIRST = '''def select_tasks(pool, stats, step, n):
+    """Easier first: for the first $warmup steps draw from the easiest $share of the pool by
+    difficulty, then from the whole pool, rotating step by step."""
+    ordered = sorted(pool, key=lambda t: (t.get("difficulty", 0), t["id"]))
+    if step < $warmup:
+        ordered = ordered[:max(n, int(len(ordered) * $share))]
+    ids = [t["id"] for t in ordered]
+    if not ids:
+        return []
+    k = (step * n) % len(ids)
+    ids = ids[k:] + ids[:k]
+    return [ids[i % len(ids)] for i in range(n)]'''
+
+
+ENTRIES: tuple[LibraryEntry, ...] = (
+    LibraryEntry(
+        "format_partial_credit", "reward: partial credit for the answer format (1 correct, credit if formatted)",
+        "hook:reward", (when("format_compliance", "<", 0.5), when("dead_group_ratio", ">", 0.3)),
+        "If a wrong answer in the required format earns {credit}, dead groups regain reward variance and "
+        "format compliance rises, because format is within reach of the policy when correctness is not.",
+        FEWER_DEAD, "DeepSeek-R1 (2025): rule-based accuracy plus format reward",
+        template=FORMAT_CREDIT, params=(Param("credit", (0.1, 0.2, 0.3)),)),
+    LibraryEntry(
+        "dapo_overlong_shaping", "reward: DAPO soft penalty for completions near or at the token limit",
+        "hook:reward", (when("truncation_rate", ">", 0.3),),
+        "If completions within the last {buffer} of the token limit are penalised (scale {scale}), truncation "
+        "falls and dead groups regain variance, because length now separates rollouts of equal correctness.",
+        FEWER_DEAD, "DAPO (Yu et al., 2025): overlong reward shaping", template=OVERLONG_PENALTY,
+        params=(Param("buffer", (0.25, 0.5)), Param("scale", (0.5, 1.0))), needs_knobs=("max_completion_length",)),
+    LibraryEntry(
+        "length_penalty", "reward: Kimi k1.5 length reward (shorter than the group's others is better)",
+        "hook:reward", (when("truncation_rate", ">", 0.2),),
+        "If shorter completions within a group earn up to {weight} more, completions shorten and fewer are "
+        "truncated, and dead groups regain variance, because length varies where correctness does not.",
+        FEWER_DEAD, "Kimi k1.5 (Kimi Team, 2025): length penalty", template=LENGTH_PENALTY,
+        params=(Param("weight", (0.1, 0.2, 0.5)),)),
+    LibraryEntry(
+        "dapo_dynamic_sampling", "keep_groups: drop dead groups (all rollouts agree)",
+        "hook:keep_groups", (when("dead_group_ratio", ">", 0.3), when("kept_group_ratio", ">", 0.9)),
+        "If groups whose rollouts all agree on {signal} are dropped, every trained group carries an advantage, "
+        "because dead groups add zero-gradient tokens that dilute the loss.",
+        FEWER_KEPT, "DAPO (Yu et al., 2025): dynamic sampling", template=DYNAMIC_SAMPLING,
+        params=(Param("signal", ("reward", "correct")),)),
+    LibraryEntry(
+        "std_group_filter", "keep_groups: keep only groups whose reward std reaches a threshold",
+        "hook:keep_groups", (when("reward_spread", "<", 0.1), when("kept_group_ratio", ">", 0.9)),
+        "If groups with reward std below {min_std} are dropped, training sees only groups with a clear "
+        "ranking, because near-constant shaped rewards give noisy, tiny advantages.",
+        FEWER_KEPT, "low-variance group filtering: DAPO's dynamic sampling generalised to shaped rewards",
+        template=STD_FILTER, params=(Param("min_std", (0.05, 0.1, 0.2)),)),
+    LibraryEntry(
+        "rloo_advantages", "advantages: RLOO leave-one-out baseline",
+        "hook:advantages", (when("dead_group_ratio", "<", 0.95), when("reward_spread", ">", 0.0)),
+        "If each rollout's baseline leaves the rollout out (std scaling: {scale_by_std}), held-out score "
+        "rises, because the baseline is unbiased and small groups no longer shrink the advantage.",
+        FITTER, "RLOO (Ahmadian et al., 2024; Kool et al., 2019)", template=RLOO,
+        params=(Param("scale_by_std", (False, True)),)),
+    LibraryEntry(
+        "dr_grpo_advantages", "advantages: Dr. GRPO (group mean baseline, no std division)",
+        "hook:advantages", (when("train_correct_rate", "<", 0.3),),
+        "If advantages are no longer divided by the group std, held-out score rises, because "
+        "groups that are nearly all wrong stop dominating the update.",
+        FITTER, "Dr. GRPO (Liu et al., 2025): Understanding R1-Zero-like training", template=DR_GRPO),
+    LibraryEntry(
+        "pass_rate_curriculum", "select_tasks: train on tasks of intermediate pass rate first",
+        "hook:select_tasks", (when("dead_group_ratio", ">", 0.5),),
+        "If tasks with pass rate in [{low}, {high}] are trained first, fewer groups are dead and held-out score "
+        "rises, because such tasks give groups with both right and wrong answers.",
+        FITTER, "online difficulty filtering (Bae et al., 2025); Kimi k1.5 prioritised sampling",
+        template=PASS_RATE_CURRICULUM, params=(Param("low", (0.1, 0.2)), Param("high", (0.8, 0.9))),
+        requires_hook="select_tasks"),
+    LibraryEntry(
+        "easy_first_curriculum", "select_tasks: easiest tasks first, then the whole pool",
+        "hook:select_tasks", (when("train_correct_rate", "<", 0.1),),
+        "If the first {warmup} steps train on the easiest {share} of tasks, early groups have correct rollouts "
+        "and held-out score rises, because the policy first learns the answer format on tasks it can solve.",
+        FITTER, "curriculum learning (Bengio et al., 2009)", template=EASY_FIRST,
+        params=(Param("warmup", (4, 8, 16)), Param("share", (0.25, 0.5))), requires_hook="select_tasks"),
+    LibraryEntry(
+        "lower_temperature", "knob: lower the sampling temperature",
+        "knob:temperature", (when("train_heldout_gap", "<", -0.1),),
+        "If temperature falls from {old} to {new}, training rollouts succeed more often and held-out score rises, "
+        "because sampled training rollouts do much worse than greedy held-out answers (too much noise).",
+        FITTER, "sampling temperature (TRL GRPOConfig.temperature)", move=KnobMove("temperature", (0.5, 0.7, 0.85))),
+    LibraryEntry(
+        "raise_temperature", "knob: raise the sampling temperature",
+        "knob:temperature", (when("mean_logprob", ">", -0.1),),
+        "If temperature rises from {old} to {new}, rollouts within a group differ more and held-out score rises, "
+        "because the policy is over-confident (sampler logprob near 0) and groups collapse to one answer.",
+        FITTER, "sampling temperature (TRL GRPOConfig.temperature)", move=KnobMove("temperature", (1.2, 1.5))),
+    LibraryEntry(
+        "lower_learning_rate", "knob: lower the learning rate",
+        "knob:learning_rate", (when("heldout_delta", "<", -0.05),),
+        "If learning_rate falls from {old} to {new}, held-out accuracy stops falling, because the update "
+        "overshoots (held-out accuracy dropped while training).",
+        FITTER, "learning-rate decrease on regression (TRL GRPOConfig.learning_rate)",
+        move=KnobMove("learning_rate", (0.25, 0.5))),
+    LibraryEntry(
+        "raise_learning_rate", "knob: raise the learning rate",
+        "knob:learning_rate", (when("heldout_delta", "<", 0.02), when("heldout_delta", ">", -0.05),
+                               when("dead_group_ratio", "<", 0.9)),
+        "If learning_rate rises from {old} to {new}, held-out score rises, because training signal exists "
+        "(live groups) but held-out accuracy barely moved.",
+        FITTER, "learning-rate increase on a plateau (TRL GRPOConfig.learning_rate)",
+        move=KnobMove("learning_rate", (2.0, 4.0))),
+    LibraryEntry(
+        "more_generations", "knob: more rollouts per group (group size)",
+        "knob:num_generations", (when("dead_group_ratio", ">", 0.5),),
+        "If num_generations rises from {old} to {new}, fewer groups are dead and held-out score rises, because "
+        "a larger group is more likely to hold both a right and a wrong answer.",
+        FITTER, "GRPO group size G (Shao et al., 2024, DeepSeekMath)", move=KnobMove("num_generations")),
+    LibraryEntry(
+        "longer_completions", "knob: raise the completion token limit",
+        "knob:max_completion_length", (when("truncation_rate", ">", 0.5),),
+        "If max_completion_length rises from {old} to {new}, fewer completions are truncated and held-out score "
+        "rises, because truncated completions never reach their final answer.",
+        FITTER, "completion budget (TRL GRPOConfig.max_completion_length)",
+        move=KnobMove("max_completion_length")),
+    LibraryEntry(
+        "mask_truncated", "knob: exclude truncated completions from the loss",
+        "knob:mask_truncated_completions", (when("truncation_rate", ">", 0.3),),
+        "If mask_truncated_completions goes from {old} to {new}, held-out score rises, because truncated "
+        "completions are penalised for length rather than for their reasoning.",
+        FITTER, "DAPO (Yu et al., 2025): overlong filtering; TRL mask_truncated_completions",
+        move=KnobMove("mask_truncated_completions", to=True)),
+)
