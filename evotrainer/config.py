@@ -96,7 +96,8 @@ class EvolutionConfig(_Section):
     children_per_generation: int = Field(2, ge=0)
     generations: int = Field(3, ge=1)
     steps_per_generation: int = Field(2, ge=1, description="training steps of each live branch per generation")
-    operators: dict[str, float] = Field(default_factory=lambda: {"llm_diff": 1.0, "knobs": 1.0, "crossover": 0.5},
+    operators: dict[str, float] = Field(default_factory=lambda: {"llm_choice": 1.0, "library": 1.0, "knobs": 1.0,
+                                                                 "crossover": 0.5},
                                         description="operator name -> weight")
     selection: Literal["nsga2", "tournament"] = "nsga2"
     tournament_size: int = Field(2, ge=1)

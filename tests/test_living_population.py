@@ -38,6 +38,19 @@ def test_the_bandit_draws_operators_that_succeed_more_often():
     assert mix.stats_dict()["knobs"]["gated_successes"] == 12
 
 
+def test_library_entry_weights_follow_their_gated_outcomes():
+    mix = OperatorMix({"library": 1.0}, seed=0)
+    lib = mix.operator("library")
+    entry = lib.entries[0]
+    base = lib.weights[entry.id]
+    for _ in range(3):
+        mix.credit("library", False, entry=entry.id)   # e.g. its children were invalid: a reward hack
+    assert lib.weights[entry.id] < base
+    for _ in range(10):
+        mix.credit("library", True, entry=entry.id)
+    assert lib.weights[entry.id] > base
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")

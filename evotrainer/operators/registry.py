@@ -184,6 +184,16 @@ class OperatorMix:
         if entry is not None:
             s, f = self.entry_outcomes[entry]
             self.entry_weights[entry] = (1 + s) / (2 + s + f)
+            self._weigh_entries()
+
+    def _weigh_entries(self) -> None:
+        """The library operator draws an entry by its own weight times twice its posterior mean (1 with
+        no evidence yet), so entries whose children are promoted or confirmed are proposed more."""
+        op = self._instances.get("library")
+        if op is None or not hasattr(op, "set_weights"):
+            return
+        base = {e.id: e.weight for e in getattr(op, "entries", [])}
+        op.set_weights({e: base[e] * 2 * w for e, w in self.entry_weights.items() if e in base})
 
     def _bandit(self, name: str) -> float:
         s, f = self.outcomes.get(name, (0, 0))
@@ -193,6 +203,8 @@ class OperatorMix:
         if name not in self._instances:
             kwargs = {**accepted_kwargs(name, self.shared), **self.kwargs_by_name.get(name, {})}
             self._instances[name] = get_operator(name, **kwargs)
+            if name == "library":
+                self._weigh_entries()
         return self._instances[name]
 
     def choose_name(self, n_parents: int | None = None) -> str:
