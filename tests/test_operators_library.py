@@ -13,7 +13,7 @@ from evotrainer.fitness.cache import write_version
 from evotrainer.genome import reference_program as reference
 from evotrainer.genome.edits import factors_changed
 from evotrainer.genome.harness import Harness
-from evotrainer.genome.program import HOOK_PARAMS
+from evotrainer.genome.program import HOOK_PARAMS, HarnessProgram
 from evotrainer.loop.skills import Skill, report_metrics as skill_report_metrics
 from evotrainer.operators import FITNESS_METRIC, Evidence, OperatorError, available_operators, get_operator
 from evotrainer.operators.library import (
@@ -180,18 +180,18 @@ def test_curriculum_templates_select_as_described():
 
 
 @pytest.mark.parametrize("entry_id", [e.id for e in ENTRIES.values() if e.requires_hook])
-def test_curriculum_entries_wait_for_a_parent_with_the_select_tasks_hook(entry_id):
+def test_curriculum_entries_need_a_parent_with_the_select_tasks_hook(entry_id):
     entry, parent = ENTRIES[entry_id], reference()
-    assert "select_tasks" in entry.unavailable(parent)
-    fired, skipped = get_operator("library").applicable(parent, Evidence(health_report=REPORT))
+    assert entry.unavailable(parent) is None        # the reference harness has select_tasks in an EVOLVE block
+    params = entry.combinations(parent)[0]
+    iv = propose_entry("library", parent, entry, params, Evidence(health_report=REPORT))
+    assert iv.factors == ["hook:select_tasks"]
+    start = parent.source.index("# EVOLVE-BLOCK-START\ndef select_tasks")
+    end = parent.source.index("# EVOLVE-BLOCK-END", start) + len("# EVOLVE-BLOCK-END\n")
+    bare = HarnessProgram(parent.source[:start] + parent.source[end:])    # a genome without the hook
+    assert "select_tasks" in entry.unavailable(bare)
+    fired, skipped = get_operator("library").applicable(bare, Evidence(health_report=REPORT))
     assert entry_id not in {a.entry.id for a in fired} and "select_tasks" in skipped[entry_id]
-    with_hook = _with_select_tasks_block(parent)
-    if "select_tasks" not in HOOK_PARAMS:   # until the contract declares the hook, the entry still waits
-        assert "select_tasks" in entry.unavailable(with_hook)
-    else:
-        params = entry.combinations(with_hook)[0]
-        iv = propose_entry("library", with_hook, entry, params, Evidence(health_report=REPORT))
-        assert iv.factors == ["hook:select_tasks"]
 
 
 def test_operator_proposes_fired_entries_only_and_never_the_same_child_twice():
