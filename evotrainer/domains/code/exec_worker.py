@@ -41,7 +41,7 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 PRELOAD = ("math", "cmath", "string", "re", "collections", "collections.abc", "itertools", "functools",
            "heapq", "bisect", "typing", "statistics", "fractions", "decimal", "random", "operator", "copy",
            "array", "datetime", "hashlib", "textwrap", "unicodedata", "dataclasses", "enum", "numbers", "io",
-           "json", "time", "queue", "pprint", "struct", "base64", "calendar", "string", "abc", "contextlib")
+           "json", "time", "queue", "pprint", "struct", "base64", "calendar", "abc", "contextlib", "threading")
 DENIED = {"subprocess.Popen": "process", "os.system": "process", "os.exec": "process", "os.posix_spawn": "process",
           "os.spawn": "process", "os.fork": "process", "os.forkpty": "process", "pty.spawn": "process",
           "os.kill": "signal", "os.killpg": "signal", "signal.pthread_kill": "signal",
@@ -148,12 +148,17 @@ class Guard:
     flags = []
     scratch = "/"
     read_roots = ()
+    deny_roots = ()
 
 
 def flag(kind, detail):
     if len(Guard.flags) < 32:
         Guard.flags.append(f"{kind}: {detail}"[:200])
     raise PermissionError(f"{detail} is not allowed when grading")
+
+
+def readable(path):
+    return _under(path, Guard.read_roots) and not _under(path, Guard.deny_roots)
 
 
 def _under(path, roots):
@@ -183,11 +188,11 @@ def audit(event, args):
             if not _under(path, (Guard.scratch,)):
                 flag("file_write", f"writing {os.fsdecode(path)} outside scratch")
             Guard.flags.append(f"file_write: {os.fsdecode(path)} (in scratch)"[:200])
-        elif not _under(path, Guard.read_roots):
+        elif not readable(path):
             flag("file_read", f"reading {os.fsdecode(path)}")
     elif event in ("os.listdir", "os.scandir", "glob.glob", "os.chdir"):
         path = args[0] if args and args[0] is not None else "."
-        if not isinstance(path, int) and not _under(path, Guard.read_roots):
+        if not isinstance(path, int) and not readable(path):
             flag("file_read", f"listing {os.fsdecode(path)}")
     elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.truncate", "shutil.rmtree"):
         if not _under(args[0], (Guard.scratch,)):
@@ -226,8 +231,15 @@ def confine(init, scratch):
     resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
     for name in [m for m in sys.modules if m.split(".")[0] in DENIED_MODULES]:
         del sys.modules[name]  # so that importing them again reaches the audit hook
+    import _thread
+    import threading
+
+    def no_threads(*args, **kwargs):  # no audit event covers threads; RLIMIT_NPROC refuses them anyway
+        flag("process", "starting a thread")
+    _thread.start_new_thread = threading._start_new_thread = no_threads
     Guard.scratch = os.path.realpath(scratch)
     Guard.read_roots = tuple(init["read_roots"]) + (Guard.scratch,)
+    Guard.deny_roots = tuple(init["deny_roots"])
     Guard.flags = []
     sys.addaudithook(audit)
 

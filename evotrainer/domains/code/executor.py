@@ -101,12 +101,14 @@ class ExecutorError(RuntimeError):
     """The executor could not start or the checker code of a task failed (an engine problem)."""
 
 
-def _read_roots() -> list[str]:
-    """What a program may read: the standard library (not site-packages: datasets such as
-    HumanEval's, and the engine's code, live there), and a few devices."""
+def _read_roots() -> tuple[list[str], list[str]]:
+    """(allowed, denied): a program may read the standard library and a few devices, but nothing
+    under site-packages (datasets such as HumanEval's, and the engine's own code, live there)."""
     paths = sysconfig.get_paths()
     roots = {os.path.realpath(p) for p in (paths["stdlib"], paths["platstdlib"])}
-    return sorted(roots | {"/dev/null", "/dev/urandom", "/dev/zero"})
+    denied = {os.path.realpath(p) for p in (paths["purelib"], paths["platlib"])}
+    denied |= {os.path.realpath(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+    return sorted(roots | {"/dev/null", "/dev/urandom", "/dev/zero"}), sorted(denied)
 
 
 class _Worker:
@@ -126,7 +128,8 @@ class _Worker:
             os.close(req_r)
             os.close(resp_w)
         lim = asdict(limits)
-        init = {"limits": lim, "read_roots": _read_roots(), "isolate_network": limits.isolate_network,
+        allowed, denied = _read_roots()
+        init = {"limits": lim, "read_roots": allowed, "deny_roots": denied, "isolate_network": limits.isolate_network,
                 "uid": ids and ids[0], "gid": ids and ids[1]}
         try:
             self.send(init, time.monotonic() + 30)
