@@ -71,7 +71,7 @@ TEMPLATES: dict[int, list[Template]] = {
         Template("mod_{k}", "x", "Return the remainder of x divided by {k}.", "return x % {k}", _ints(0, 200), _K),
         Template("divisible_by_{k}", "x", "Return True if x is divisible by {k}, otherwise False.",
                  "return x % {k} == 0", _ints(0, 100), _K),
-        Template("repeat_{k}", "s", "Return the string s repeated {k} times.", "return s * {k}", _short, _K),
+        Template("repeat_{k}", "s", "Return the string s repeated {k} times.", "return s * {k}", _short, tuple(range(2, 10))),
         Template("greater_than_{k}", "x", "Return True if x is greater than {k}, otherwise False.",
                  "return x > {k}", _ints(-20, 30), _K),
         Template("add", "a, b", "Return the sum of a and b.", "return a + b", _pair(-99, 99)),
