@@ -7,6 +7,7 @@ import yaml
 
 from evotrainer.cli.app import main
 from evotrainer.config import load_config
+from evotrainer.domains import build_domain
 from evotrainer.genome.contract import check_contract
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
@@ -43,6 +44,8 @@ def test_code_configs_default_to_the_code_harness():
         cfg = load_config(path)
         assert cfg.domain.name == "code" and cfg.harness is None
         assert seed_program(cfg).source.startswith('"""Reference code harness')
+        domain = build_domain(cfg.domain)   # the sizes fit the levels' capacity
+        assert len(domain.tasks("train")) == cfg.domain.n_train
     math_cfg = load_config("examples/train_math.yaml")
     assert not seed_program(math_cfg).source.startswith('"""Reference code harness')
 
