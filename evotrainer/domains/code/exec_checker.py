@@ -96,7 +96,8 @@ class Proxy:
     def __init__(self, proc, limits):
         self.proc, self.limits = proc, limits
         self.dead = None
-        self.flags = []
+        self.child_flags = []   # what the program's process reported (best effort: it could lie)
+        self.own_flags = set()  # what the checker saw itself
         self.deadline = None
 
     def reply(self):
@@ -109,7 +110,7 @@ class Proxy:
             self.dead = {"verdict": "output_limit", "error": f"a {e.args[0]}-byte return value"}
             raise Fatal() from None
         except Exception:  # bytes the program forged on its pipe: never data, a tamper
-            self.flags = self.flags + ["channel: a malformed reply on the result pipe"]
+            self.own_flags.add("channel: a malformed reply on the result pipe")
             self.dead = {"verdict": "runtime_error", "error": "malformed reply"}
             raise Fatal() from None
         if msg is None:
@@ -120,8 +121,15 @@ class Proxy:
             raise Fatal()
         flags = msg.get("flags")
         if isinstance(flags, list):
-            self.flags = [str(f)[:200] for f in flags[:32]]
+            self.child_flags = [str(f)[:200] for f in flags[:32]]
+        # One request, one reply: bytes already waiting behind it were forged (b"" is the pipe's end).
+        if select.select([self.proc.rep_r], [], [], 0)[0] and os.read(self.proc.rep_r, 1):
+            self.own_flags.add("channel: more replies than calls on the result pipe")
         return msg
+
+    @property
+    def flags(self):
+        return self.child_flags + sorted(self.own_flags)
 
     def __call__(self, *args):
         if self.dead:
