@@ -8,9 +8,9 @@ includes its start-up; the subprocess side is the usual `python -c program+asser
 
     python benchmarks/code_execution.py [--programs 1000] [--subprocess-programs 200] [--workers N]
 
-Measured on 2 shared CPU cores (benchmarks/results/code_execution_cpu2.txt): 174 programs/s
-(11 ms mean, 17 ms p95 per program) for the isolated pool vs 32 programs/s (62 ms) for a bare
-subprocess per program: 5.4x.
+Measured on 2 shared CPU cores (benchmarks/results/code_execution_cpu2.txt): 171 programs/s
+(11 ms mean, 19 ms p95 per program) for the isolated pool vs 29 programs/s (68 ms) for a bare
+subprocess per program: 5.9x.
 """
 
 from __future__ import annotations
