@@ -96,10 +96,8 @@ def audit(event, args):
             return
         writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
             (isinstance(flags, int) and flags & WRITE_FLAGS)
-        if writing:
-            if not _under(path, (Guard.scratch,)):
-                flag("file_write", f"writing {os.fsdecode(path)} outside scratch")
-            Guard.flags.append(f"file_write: {os.fsdecode(path)} (in scratch)"[:200])
+        if writing and not _under(path, (Guard.scratch,)):  # scratch is the program's own: no flag
+            flag("file_write", f"writing {os.fsdecode(path)} outside scratch")
         elif not readable(path):
             flag("file_read", f"reading {os.fsdecode(path)}")
     elif event in ("os.listdir", "os.scandir", "glob.glob", "os.chdir"):
