@@ -52,7 +52,8 @@ def test_stdio_programs_run_once_per_test(ex):
 
 def test_isolation_layers(ex):
     probe = ("import os\ndef add(a, b):\n    return [os.getuid(), os.getcwd(), sorted(os.environ), os.getpgid(0) == os.getpid()]\n")
-    tests = ({"code": "r = candidate(0, 0)\nassert r[0] == 65534 and 'evotrainer-code-' in r[1] and r[3]\n"
+    tests = ({"code": "r = candidate(0, 0)\n"
+                      "assert r[0] == 65534 and r[1].startswith(('/tmp/p', '/tmp/evotrainer-code-')) and r[3]\n"
                       "assert 'HOME' in r[2] and not any('KEY' in k or 'TOKEN' in k for k in r[2])"},)
     prog = Program(probe, "function", tests, "add")
     (res,) = ex.run([prog])
@@ -73,6 +74,17 @@ def test_engine_code_datasets_and_temp_folders_are_not_there_for_a_program(ex):
     (res,) = ex.run([Program(probe, "function", ({"code": "assert candidate(0, 0) == [False, False, True]"},), "add")])
     if os.geteuid() == 0:   # mount namespaces need root; elsewhere the audit hook is the layer left
         assert ex.features["hidden_paths"] >= 3 and verdicts(res) == ["pass"], res.verdicts
+
+
+def test_a_program_cannot_fill_the_disk():
+    """Files of 4 MB each (RLIMIT_FSIZE) stop at the worker's scratch tmpfs (8 MB here)."""
+    fill = ("def add(a, b):\n    n = 0\n    try:\n        while True:\n"
+            "            with open(f'f{n}', 'wb') as f:\n                f.write(b'x' * ((4 << 20) - 1))\n"
+            "            n += 1\n    except OSError:\n        return n\n")
+    with CodeExecutor(1, ExecLimits(scratch_mb=8)) as one:
+        (res,) = one.run([Program(fill, "function", ({"code": "assert candidate(0, 0) <= 2"},), "add")])
+        if os.geteuid() == 0:
+            assert one.features.get("scratch_tmpfs_mb") == 8 and verdicts(res) == ["pass"], res.verdicts
 
 
 @pytest.mark.parametrize("body, flag", [

@@ -71,6 +71,13 @@ def isolate(init):
     for mod in PRELOAD:
         __import__(mod)
     features["hidden_paths"] = hide(init.get("hide", []))  # after the imports: site-packages goes too
+    if features["hidden_paths"]:
+        # Scratch on a tmpfs of bounded size (a program could otherwise fill the disk with files,
+        # each under RLIMIT_FSIZE); mounted over our own hidden /tmp, gone with the namespace.
+        size = f"size={init['limits']['scratch_mb']}m,mode=755".encode()
+        if LIBC.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size) == 0:
+            os.chdir("/tmp")
+            features["scratch_tmpfs_mb"] = init["limits"]["scratch_mb"]
     features["uid"] = init.get("uid")
     return features
 

@@ -60,6 +60,7 @@ class ExecLimits:
     memory_mb: int = 1024         # address space per program process (RLIMIT_AS)
     nofile: int = 32              # open files
     fsize_mb: int = 4             # largest file a program may write (in its scratch)
+    scratch_mb: int = 256         # all files of a worker's programs (a tmpfs, where mounts are allowed)
     output_bytes: int = 1 << 20   # stdout of a stdin/stdout program
     reply_bytes: int = 1 << 20    # one return value, encoded
     drop_privileges: bool = True  # programs run as `nobody` when the engine is root
