@@ -11,23 +11,38 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# Difficulty levels each domain accepts (code: 1-3 generated function tasks, 4 HumanEval).
+DOMAIN_LEVELS = {"math": (1, 2, 3, 4, 5), "code": (1, 2, 3, 4)}
+
+
 class DomainConfig(_Section):
-    name: Literal["math"] = "math"
-    difficulty: int | list[int] = Field(default_factory=lambda: [1, 2], description="difficulty level(s) 1-5")
+    name: Literal["math", "code"] = "math"
+    difficulty: int | list[int] = Field(default_factory=lambda: [1, 2],
+                                        description="difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval")
     n_train: int | None = Field(256, ge=1)
     n_heldout: int | None = Field(64, ge=1)
     n_test: int | None = Field(64, ge=1)
     seed: int = 0
     leak_share: float = Field(0.0, ge=0.0, le=1.0, description="share of train prompts carrying a planted leak")
     files: dict[Literal["train", "heldout", "test"], str] | None = Field(
-        None, description="user JSONL files (GSM8K or MATH format) by split")
+        None, description="user JSONL files by split (math: GSM8K or MATH; code: APPS/TACO/CodeContests or LiveCodeBench)")
+
+    @model_validator(mode="after")
+    def _levels_of_domain(self) -> "DomainConfig":
+        levels = [self.difficulty] if isinstance(self.difficulty, int) else self.difficulty
+        allowed = DOMAIN_LEVELS[self.name]
+        bad = [lv for lv in levels if lv not in allowed]
+        if not levels or bad:
+            raise ValueError(f"difficulty {bad or levels} is not a level of the {self.name} domain; "
+                             f"use one or more of {list(allowed)}")
+        return self
 
 
 class LoraConfig(_Section):

@@ -6,6 +6,7 @@
     evotrainer genome check|run ...           check a harness genome, run one hook in the sandbox (cli/genome.py)
     evotrainer mutate PATH ...                propose an intervention with an operator (cli/mutate.py)
     evotrainer report|backtest|gate ...       health reports, backtests and gates (cli/fitness.py)
+    evotrainer domain show|verify ...         a domain's tasks; grade one completion (cli/domain.py)
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import argparse
 import sys
 from typing import Sequence
 
-from evotrainer.cli import fitness, genome, inspect, loop, mutate, train
+from evotrainer.cli import domain, fitness, genome, inspect, loop, mutate, train
 
 # The command groups, in the order `evotrainer --help` lists them.
-COMMAND_GROUPS = (train, loop, inspect, genome, mutate, fitness)
+COMMAND_GROUPS = (train, loop, inspect, genome, mutate, fitness, domain)
 
 
 def build_parser() -> argparse.ArgumentParser:

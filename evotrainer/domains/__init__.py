@@ -1,4 +1,4 @@
-"""Task domains: task sources and verifiers (math today; code and swe register here too).
+"""Task domains: task sources and verifiers (math and code; swe registers here too).
 
 ``get_domain("math", n_train=..., ...)`` builds a domain by name. Domains are imported lazily so
 that importing this package stays cheap (the math verifier pulls in sympy on first use).
@@ -16,6 +16,7 @@ from evotrainer.domains.task import SPLITS, Task, text_key
 # name -> "module:attribute" (lazy) or a factory registered at runtime.
 _REGISTRY: dict[str, str | Callable[..., Domain]] = {
     "math": "evotrainer.domains.math.domain:MathDomain",
+    "code": "evotrainer.domains.code.domain:CodeDomain",
 }
 
 

@@ -16,7 +16,7 @@ from evotrainer.config import Config, ConfigError
 from evotrainer.domains import build_domain
 from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
-from evotrainer.genome.program import HarnessProgram, reference_program
+from evotrainer.genome.program import REFERENCE_PATH, HarnessProgram, reference_program
 from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.policy.curriculum import choose_tasks, task_stats
@@ -40,7 +40,7 @@ class TrainResult:
 
 def seed_program(cfg: Config) -> HarnessProgram:
     """The harness a run starts from, with the config's ``grpo`` knob overrides written into KNOBS."""
-    program = load_program(cfg.harness)
+    program = load_program(cfg.harness, cfg.domain.name)
     values = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None and k in program.knobs}
     try:
         return program.with_knobs(**values) if values else program
@@ -49,8 +49,15 @@ def seed_program(cfg: Config) -> HarnessProgram:
                           "choose an allowed value or widen the knob in the harness's KNOBS") from None
 
 
-def load_program(path: str | None) -> HarnessProgram:
-    return HarnessProgram.from_file(path) if path else reference_program()
+# The reference harness of a domain whose recipe differs from the math one (used when `harness` is not set).
+DOMAIN_HARNESSES = {"code": REFERENCE_PATH.with_name("reference_code_harness.py")}
+
+
+def load_program(path: str | None, domain: str | None = None) -> HarnessProgram:
+    if path:
+        return HarnessProgram.from_file(path)
+    default = DOMAIN_HARNESSES.get(domain or "")
+    return HarnessProgram.from_file(default) if default else reference_program()
 
 
 def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None = None,
