@@ -7,6 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from evotrainer.cli.errors import number
+
 console = Console(highlight=False)
 
 
@@ -62,7 +64,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from evotrainer.loop.experiment import Experiment
 
-    exp = Experiment.resume(args.run_dir)
+    exp = Experiment.resume(args.run_dir, readonly=True)   # a live run's status: read, never write
     s = exp.state
     console.print(f"[bold]{args.run_dir}[/bold]: {s.status}, generation {s.generation}/"
                   f"{exp.cfg.evolution.generations}, stage {s.stage}, live {', '.join(s.live) or '-'}")
@@ -75,10 +77,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _decide(args: argparse.Namespace, verdict: str) -> int:
     exp = _experiment(args.run_dir)
     pending = [k for k, v in exp.state.approvals.items() if v == "pending"]
+    if not pending:   # nothing to decide: the run is left exactly as it is (a finished run stays finished)
+        console.print(f"[red]nothing awaits approval in {args.run_dir}[/red] (the run is {exp.state.status})")
+        return 1
     ids = args.versions or pending
     unknown = [i for i in ids if i not in pending]
     if unknown:
-        console.print(f"[red]not awaiting approval: {', '.join(unknown)}[/red]; pending: {', '.join(pending) or 'none'}")
+        console.print(f"[red]not awaiting approval: {', '.join(unknown)}[/red]; pending: {', '.join(pending)}")
         return 1
     for vid in ids:
         vd = exp.vdir(vid)
@@ -94,7 +99,7 @@ def _decide(args: argparse.Namespace, verdict: str) -> int:
         vd.save_meta(meta)
         exp.record(vid)
         console.print(f"{vid}: {verdict}")
-    if not any(v == "pending" for v in exp.state.approvals.values()):
+    if exp.state.status == "paused" and not any(v == "pending" for v in exp.state.approvals.values()):
         exp.state.status = "running"
         console.print(f"all decided: continue with `evotrainer resume {args.run_dir}`")
     exp.save()
@@ -112,7 +117,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_resume)
     p = sub.add_parser("status", help="show a live or finished run")
     p.add_argument("run_dir")
-    p.add_argument("--events", type=int, default=10, help="recent events to show")
+    p.add_argument("--events", type=number(int, 1), default=10, help="recent events to show")
     p.set_defaults(func=cmd_status)
     for verdict, name in (("approved", "approve"), ("rejected", "reject")):
         p = sub.add_parser(name, help=f"{name} children waiting at the human gate")

@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from evotrainer.cli.errors import number
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
@@ -31,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--failure", help="llm_repair: the error text it failed with")
     p.add_argument("--llm-url", help="OpenAI-compatible server URL (default: the local base model)")
     p.add_argument("--llm-model", help="model name on the server, or a local model spec/folder")
-    p.add_argument("--max-tokens", type=int, default=1024, help="LLM completion tokens (default 1024)")
+    p.add_argument("--max-tokens", type=number(int, 16, 32768), default=1024, help="LLM completion tokens (default 1024)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--allow-multi-factor", action="store_true", help="accept children that change several factors")

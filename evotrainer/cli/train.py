@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from evotrainer.cli.errors import number
 from evotrainer.config import ConfigError, load_config
 
 console = Console(highlight=False)
@@ -54,6 +55,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one branch under the reference recipe (or a harness file)")
     p.add_argument("config", help="YAML config file")
-    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--steps", type=number(int, 0), help="override train.steps")
     p.add_argument("--run-dir", help="override run_dir (the version directory written)")
     p.set_defaults(func=cmd_train)

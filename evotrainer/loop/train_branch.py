@@ -7,7 +7,9 @@ every loop run.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -23,11 +25,13 @@ from evotrainer.policy.collect import verify
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import TransformersEngine
+from evotrainer.loop.validate import validate_resources
 from evotrainer.policy.train_step import grpo_config, train_step
+from evotrainer.records import run_dir as rundir
 from evotrainer.records.numeric import mean
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.scores import heldout_accuracy
-from evotrainer.records.version import BranchVersion, VersionDir
+from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
 
 
 @dataclass
@@ -57,10 +61,14 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                  on_event: Callable[[str], None] | None = None) -> TrainResult:
     """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir."""
     say = on_event or (lambda msg: None)
+    validate_resources(cfg, loop=False, say=say)   # before any compute, and before the directory is touched
     program = seed_program(cfg)
     domain = build_domain(cfg.domain)
     out = VersionDir(cfg.run_dir)
-    with Harness(program, sandbox=cfg.sandbox) as harness:
+    # Only a version directory (or a new or empty one) is written, by one process at a time; an
+    # earlier version there is replaced only once this training has succeeded.
+    rundir.claim(out.path, "version")
+    with rundir.acquire(out.path, "evotrainer train"), Harness(program, sandbox=cfg.sandbox) as harness:
         grpo = grpo_config(harness, cfg.grpo.model_dump())
         say(f"loading {cfg.model}")
         model, tok = load_base_model(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
@@ -77,14 +85,14 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         train_tasks = domain.tasks("train")
         all_rollouts: list[Rollout] = []
         steps: list[dict[str, Any]] = []
-        out.path.mkdir(parents=True, exist_ok=True)
-        (out.path / "steps.jsonl").unlink(missing_ok=True)
+        partial = VersionDir(out.path / ".partial")   # this run's steps, live, beside the old version's
+        (partial.path / "steps.jsonl").unlink(missing_ok=True)
         for step in range(cfg.train.steps):
             tasks = sample_tasks(train_tasks, cfg.train.prompts_per_step, step, cfg.seed)
             rollouts, metrics = train_step(policy, engine, trainer, harness, domain, tasks, branch, step, cfg.seed)
             all_rollouts.extend(rollouts)
             steps.append(metrics)
-            out.append_step(metrics)
+            partial.append_step(metrics)
             if on_step:
                 on_step(metrics)
         policy.check_adapter_applied(branch)
@@ -92,7 +100,10 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         after = verify(engine, domain, heldout, branch, **ev)
 
         acc_before, acc_after = heldout_accuracy(before), heldout_accuracy(after)
+        shutil.rmtree(out.adapter_dir, ignore_errors=True)   # no file of an earlier adapter survives
         policy.save(branch, out.adapter_dir)
+        write_atomic(out.path / "steps.jsonl", "".join(json.dumps(m) + "\n" for m in steps))
+        shutil.rmtree(partial.path, ignore_errors=True)
         out.save_genome(program.source)
         out.save_rollouts("train", all_rollouts)
         out.save_rollouts("heldout", after)
@@ -102,5 +113,5 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                    "steps": float(len(steps))}
         out.save_meta(BranchVersion(id=branch, base_model=cfg.model, genome_hash=program.hash, parents=["base"],
                                     metrics=summary))
-        (out.path / "config.json").write_text(cfg.model_dump_json(indent=2))
+        write_atomic(out.path / "config.json", cfg.model_dump_json(indent=2))
     return TrainResult(out.path, acc_before, acc_after, steps)
