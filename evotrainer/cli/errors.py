@@ -56,7 +56,9 @@ def describe(err: BaseException) -> tuple[str, int]:
 def run_command(func: Callable[[Any], Any], args: Any, debug: bool = False) -> int:
     """Runs one command under the policy; returns its exit code."""
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()   # here, not at exit, so that a closed pipe is caught like any other
+        return code
     except BrokenPipeError:
         _silence_stdout()
         return 1

@@ -50,23 +50,23 @@ def _not_a_version(d: str, need_train: bool = False) -> str | None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from evotrainer.fitness.health import health_report
-
     for d in [args.version_dir] + ([args.compare] if args.compare else []):
         if why := _not_a_version(d):
             return _fail(why)
+    from evotrainer.fitness.health import health_report
+
     report = health_report(args.version_dir, compare=args.compare, window=args.window)
     print((report.to_json() if args.json else report.to_markdown()).rstrip("\n"))
     return 0
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from evotrainer.fitness.backtest import backtest, parse_expectation
-
     if not Path(args.genome).is_file():
         return _fail(f"{args.genome} is not a genome file")
     if why := _not_a_version(args.on, need_train=True):
         return _fail(why)
+    from evotrainer.fitness.backtest import backtest, parse_expectation
+
     try:
         expect = parse_expectation(args.expect) if args.expect else None
     except ValueError as e:
@@ -78,11 +78,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from evotrainer.fitness.gates import GateConfig, gate
-
     for d in [args.child] + ([args.parent] if args.parent else []):
         if why := _not_a_version(d):
             return _fail(why)
+    from evotrainer.fitness.gates import GateConfig, gate
+
     if args.labels and not args.record:
         return _fail("--labels names where --record writes the verdict: add --record (without it, gate only reads)")
     cfg = GateConfig(level=args.level, min_delta=args.min_delta)

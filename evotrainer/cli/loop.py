@@ -8,11 +8,22 @@ from pathlib import Path
 from rich.console import Console
 
 from evotrainer.cli.errors import number
+from evotrainer.records.run_dir import require
+from evotrainer.records.run_state import load_state
+from evotrainer.records.version import read_json
 
 console = Console(highlight=False)
 
 
+def _precheck(run_dir: str) -> None:
+    """A missing, foreign or damaged run directory is reported before the loop (and torch) is imported."""
+    require(run_dir, "run")
+    load_state(run_dir)
+    read_json(Path(run_dir) / "config.json", "the run's configuration")
+
+
 def _experiment(run_dir: str, progress=None):
+    _precheck(run_dir)
     from evotrainer.loop.experiment import Experiment
 
     return Experiment.resume(run_dir, on_event=lambda m: console.print(f"[dim]{m}[/dim]"), progress=progress)
@@ -26,28 +37,23 @@ def _run(exp) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from evotrainer.config import ConfigError, load_config
-    from evotrainer.loop.experiment import Experiment
+    from evotrainer.config import load_config
+    from evotrainer.loop.validate import validate_resources
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        console.print(f"[red]config error[/red]\n{e}")
-        return 2
+    cfg = load_config(args.config)   # a ConfigError is reported by the CLI's error policy (cli/errors.py)
     if args.run_dir:
         cfg.run_dir = args.run_dir
     if (Path(cfg.run_dir) / "state.json").is_file() and not args.resume:
         console.print(f"[red]{cfg.run_dir} already holds a run[/red]: continue it with "
                       f"`evotrainer resume {cfg.run_dir}` or choose another --run-dir")
         return 2
+    if not (Path(cfg.run_dir) / "state.json").is_file():   # a new run: its config is checked first, light
+        validate_resources(cfg, loop=True)
+    from evotrainer.loop.experiment import Experiment
     from evotrainer.loop.progress import RichProgress
 
     exp = Experiment(cfg, on_event=lambda m: console.print(f"[dim]{m}[/dim]"), progress=RichProgress(console))
-    try:
-        _run(exp)
-    except ConfigError as e:
-        console.print(f"[red]config error[/red]\n{e}")
-        return 2
+    _run(exp)
     exp.print_summary(console)
     return 0
 
@@ -62,6 +68,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    _precheck(args.run_dir)
     from evotrainer.loop.experiment import Experiment
 
     exp = Experiment.resume(args.run_dir, readonly=True)   # a live run's status: read, never write

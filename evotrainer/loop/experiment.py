@@ -32,7 +32,7 @@ from evotrainer.loop.runtime import Runtime
 from evotrainer.loop.selection import Candidate, survivors as select_survivors
 from evotrainer.loop.skills import SkillLibrary
 from evotrainer.loop.summary import print_summary
-from evotrainer.loop.train_branch import seed_program
+from evotrainer.loop.seed import seed_program
 from evotrainer.loop.training import train_version, verify_version
 from evotrainer.loop.validate import validate_resources
 from evotrainer.loop.versions import SETTLED, new_version

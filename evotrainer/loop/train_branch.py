@@ -1,8 +1,7 @@
 """Training one branch under a harness, outside the loop: what ``evotrainer train`` runs.
 
 Steps are :func:`~evotrainer.policy.train_step.train_step`; held-out accuracy is measured by the
-engine before and after, with data the harness never sees. ``seed_program`` is also the seed of
-every loop run.
+engine before and after, with data the harness never sees.
 """
 
 from __future__ import annotations
@@ -14,17 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from evotrainer.config import Config, ConfigError
+from evotrainer.config import Config
 from evotrainer.domains import build_domain
 from evotrainer.domains.sampling import sample_tasks
-from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
-from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.collect import verify
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import TransformersEngine
+from evotrainer.loop.seed import seed_program
 from evotrainer.loop.validate import validate_resources
 from evotrainer.policy.train_step import grpo_config, train_step
 from evotrainer.records import run_dir as rundir
@@ -42,26 +40,13 @@ class TrainResult:
     steps: list[dict[str, Any]]
 
 
-def seed_program(cfg: Config) -> HarnessProgram:
-    """The harness a run starts from, with the config's ``grpo`` knob overrides written into KNOBS."""
-    program = load_program(cfg.harness)
-    values = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None and k in program.knobs}
-    try:
-        return program.with_knobs(**values) if values else program
-    except ContractError as e:
-        raise ConfigError(f"grpo override outside the harness's declared knob space: {e}; "
-                          "choose an allowed value or widen the knob in the harness's KNOBS") from None
-
-
-def load_program(path: str | None) -> HarnessProgram:
-    return HarnessProgram.from_file(path) if path else reference_program()
-
-
 def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None = None,
-                 on_event: Callable[[str], None] | None = None) -> TrainResult:
-    """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir."""
+                 on_event: Callable[[str], None] | None = None, validate: bool = True) -> TrainResult:
+    """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir.
+    ``validate=False``: the caller has run ``validate_resources`` already."""
     say = on_event or (lambda msg: None)
-    validate_resources(cfg, loop=False, say=say)   # before any compute, and before the directory is touched
+    if validate:   # before any compute, and before the directory is touched
+        validate_resources(cfg, loop=False, say=say)
     program = seed_program(cfg)
     domain = build_domain(cfg.domain)
     out = VersionDir(cfg.run_dir)

@@ -21,6 +21,7 @@ from evotrainer.domains import build_domain
 from evotrainer.genome.contract import check_contract
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
+from evotrainer.loop.seed import seed_program
 from evotrainer.operators.registry import available_operators
 
 CODE_WRITING = ("llm_",)   # operator name prefixes whose children are code written by an LLM
@@ -68,9 +69,6 @@ def _harness(cfg: Config, loop: bool, say: Callable[[str], None] | None) -> None
 
 
 def _knob_overrides(cfg: Config) -> None:
-    # Imported here: train_branch calls this module first thing, so a top-level import would be a cycle.
-    from evotrainer.loop.train_branch import seed_program
-
     seed_program(cfg)   # a grpo override outside the harness's knob space is a ConfigError naming it
 
 
