@@ -98,6 +98,8 @@ CASES = {
         1, "ZeroDivisionError"),
     "run unknown operator": (lambda t: ["run", train_cfg(t, **{"evolution.operators": {"knobz": 1.0}})],
                              2, "knobz"),
+    "run unsandboxed with llm operators": (lambda t: ["run", train_cfg(t, sandbox=False, **{
+        "evolution.operators": {"llm_diff": 1.0}})], 2, "sandbox"),
     "run empty config": (lambda t: ["run", (t / "empty.yaml", (t / "empty.yaml").write_text(""))[0]], 2, "domain"),
     "report garbage folder": (lambda t: ["report", garbage(t)], 2, "meta.json"),
     "backtest on garbage folder": (lambda t: ["backtest", REFERENCE, "--on", garbage(t)], 2, "meta.json"),
