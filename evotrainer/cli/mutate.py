@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from evotrainer.cli.errors import number
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
+from evotrainer.operators.llm_client import proposal_deadline
 
 LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair")
 
@@ -34,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--llm-url", help="OpenAI-compatible server URL (default: the local base model)")
     p.add_argument("--llm-model", help="model name on the server, or a local model spec/folder")
     p.add_argument("--max-tokens", type=number(int, 16, 32768), default=1024, help="LLM completion tokens (default 1024)")
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=number(float, 0), default=0.7)
+    p.add_argument("--timeout", type=number(float, 0, 7200, low_open=True), default=300.0,
+                   help="total seconds for the proposal, every LLM call and retry included (default 300)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--allow-multi-factor", action="store_true", help="accept children that change several factors")
     p.set_defaults(func=run_mutate)
@@ -57,9 +61,12 @@ def run_mutate(args: argparse.Namespace) -> int:
         if args.operator in LLM_OPERATORS or args.llm_url:
             from evotrainer.operators.llm_client import make_client
 
-            shared["client"] = make_client(args.llm_url, args.llm_model)
+            extra = {"timeout": args.timeout, "on_wait": lambda m: print(m, file=sys.stderr, flush=True),
+                     "notice_s": min(15.0, args.timeout / 4)} if (args.llm_url or os.environ.get("EVOTRAINER_LLM_URL")) else {}
+            shared["client"] = make_client(args.llm_url, args.llm_model, **extra)
         op = get_operator(args.operator, **accepted_kwargs(args.operator, shared))
-        intervention = op.propose(parents, evidence)
+        with proposal_deadline(shared.get("client"), args.timeout):
+            intervention = op.propose(parents, evidence)
     except OperatorError as err:
         print(json.dumps({"rejected": True, "operator": args.operator, "kind": err.kind, "reason": err.reason}),
               file=sys.stderr)

@@ -258,7 +258,7 @@ class Experiment:
     # ---- operators, labels, skills, lineage ----------------------------------------------------
     @functools.cached_property
     def mix(self):
-        return operator_mix(self.cfg, self.run_dir, self.budgets.llm)
+        return operator_mix(self.cfg, self.run_dir, self.budgets.llm, say=self.on_event)
 
     @property
     def mix_loaded(self) -> bool:

@@ -1,22 +1,37 @@
 """The operators a run proposes with, built from its config: weights by mode, the LLM client (a
-server by URL, else the local model), and the knobs operator's Optuna study in the run directory."""
+server by URL, else the local model), and the knobs operator's Optuna study in the run directory.
+Each child's proposal, every LLM call and retry in it, ends by ``evolution.llm.proposal_timeout_s``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from evotrainer.config import Config
-from evotrainer.operators.llm_client import LocalClient, OpenAIClient, TokenBudget
+from evotrainer.operators.llm_client import LocalClient, OpenAIClient, TokenBudget, proposal_deadline
 from evotrainer.operators.registry import OperatorMix
 
 
-def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget) -> OperatorMix:
+class DeadlineMix(OperatorMix):
+    """An operator mix whose every proposal (one child, all its draws) shares one LLM deadline."""
+
+    def __init__(self, *args: Any, proposal_timeout_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.proposal_timeout_s = proposal_timeout_s
+
+    def propose(self, parents: list, evidence: Any, attempts: int = 1):
+        with proposal_deadline(self.shared.get("client"), self.proposal_timeout_s):
+            return super().propose(parents, evidence, attempts)
+
+
+def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget,
+                 say: Callable[[str], None] | None = None) -> OperatorMix:
     ev = cfg.evolution
     weights = {"knobs": 1.0} if ev.mode == "recipe-search" else dict(ev.operators)
     llm = ev.llm
     if llm.base_url:
         client = OpenAIClient(llm.base_url, llm.model, api_key_env=llm.api_key_env, timeout=llm.timeout_s,
-                              budget=llm_budget)
+                              budget=llm_budget, on_wait=say)
     else:
         client = LocalClient(llm.model, budget=llm_budget, seed=cfg.seed)
     shared = {"client": client, "seed": cfg.seed, "max_tokens": llm.max_tokens, "temperature": llm.temperature}
@@ -25,5 +40,5 @@ def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget) -> Operato
     fixed = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None}
     by_name = {"knobs": {"storage": f"sqlite:///{run_dir.resolve()}/optuna.db", "fixed": fixed}
                } if "knobs" in weights else {}
-    return OperatorMix(weights, seed=cfg.seed, shared=shared, kwargs_by_name=by_name,
-                       repair="llm_repair" in weights)
+    return DeadlineMix(weights, seed=cfg.seed, shared=shared, kwargs_by_name=by_name,
+                       repair="llm_repair" in weights, proposal_timeout_s=llm.proposal_timeout_s)
