@@ -97,14 +97,24 @@ def test_a_run_without_its_state_is_refused_not_restarted(tmp_path, capsys):
     run = tmp_path / "run"
     exp = new_run(run)
     exp.close()
-    meta = (run / "versions" / "v0000" / "meta.json").read_text()
     (run / "state.json").unlink()
+    before = snapshot(run)
     with pytest.raises(rundir.RunDirError, match="state.json is missing"):
         Experiment(parse_config(tiny_cfg(run)))
-    assert main(["resume", str(run)]) == 2
+    assert main(["run", str(write_cfg(tmp_path, run)), "--resume"]) == 2
     assert "state.json is missing" in capsys.readouterr().err
-    assert (run / "versions" / "v0000" / "meta.json").read_text() == meta
-    assert not (run / "mlflow.db").exists()
+    assert snapshot(run) == before      # v0000's meta and genome, the config: untouched
+
+
+def test_a_run_written_before_markers_is_adopted_by_resume(tmp_path):
+    run = tmp_path / "run"
+    new_run(run).close()
+    (run / rundir.MARKER).unlink()
+    assert rundir.kind_of(run) == "run"            # recognised by its files
+    exp = Experiment.resume(run)
+    assert rundir.read_marker(run)["kind"] == "run" and rundir.read_marker(run)["adopted"] is True
+    assert exp.state.live == ["v0000"]
+    exp.close()
 
 
 HOLDER = textwrap.dedent("""
