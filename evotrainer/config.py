@@ -14,6 +14,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+# Upper bounds on every size that drives compute: a typo (an extra zero or three) is an error that
+# names the field instead of a run that generates for hours. Generous: far above any real setting.
+MAX_NEW_TOKENS = 32_768
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -26,9 +31,9 @@ class DomainConfig(_Section):
     name: Literal["math", "code"] = "math"
     difficulty: int | list[int] = Field(default_factory=lambda: [1, 2],
                                         description="difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval")
-    n_train: int | None = Field(256, ge=1)
-    n_heldout: int | None = Field(64, ge=1)
-    n_test: int | None = Field(64, ge=1)
+    n_train: int | None = Field(256, ge=1, le=1_000_000)
+    n_heldout: int | None = Field(64, ge=1, le=1_000_000)
+    n_test: int | None = Field(64, ge=1, le=1_000_000)
     seed: int = 0
     leak_share: float = Field(0.0, ge=0.0, le=1.0, description="share of train prompts carrying a planted leak")
     files: dict[Literal["train", "heldout", "test"], str] | None = Field(
@@ -46,7 +51,7 @@ class DomainConfig(_Section):
 
 
 class LoraConfig(_Section):
-    r: int = Field(16, ge=1)
+    r: int = Field(16, ge=1, le=1024)
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -56,10 +61,10 @@ class GRPOSection(_Section):
     """Overrides of the harness's recipe knobs and trainer settings (TRL names)."""
 
     learning_rate: float | None = Field(None, gt=0)
-    num_generations: int | None = Field(None, ge=2)
+    num_generations: int | None = Field(None, ge=2, le=1024)
     temperature: float | None = Field(None, gt=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    max_completion_length: int | None = Field(None, ge=1)
+    max_completion_length: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     beta: float | None = Field(None, ge=0)
     epsilon: float | None = Field(None, ge=0)
     epsilon_high: float | None = Field(None, ge=0)
@@ -67,19 +72,20 @@ class GRPOSection(_Section):
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] | None = None
     scale_rewards: Literal["group", "batch", "none"] | None = None
     mask_truncated_completions: bool | None = None
-    per_device_train_batch_size: int | None = Field(None, ge=1)
-    num_iterations: int | None = Field(None, ge=1)
+    per_device_train_batch_size: int | None = Field(None, ge=1, le=65_536)
+    num_iterations: int | None = Field(None, ge=1, le=64)
     max_grad_norm: float | None = Field(None, gt=0)
 
 
 class TrainConfig(_Section):
-    steps: int = Field(10, ge=0, description="optimisation steps")
-    prompts_per_step: int = Field(4, ge=1, description="tasks per step; each gets num_generations rollouts")
-    rollout_batch_size: int = Field(32, ge=1)
-    eval_max_new_tokens: int = Field(64, ge=1)
+    steps: int = Field(10, ge=0, le=10_000_000, description="optimisation steps")
+    prompts_per_step: int = Field(4, ge=1, le=65_536, description="tasks per step; each gets num_generations rollouts")
+    rollout_batch_size: int = Field(32, ge=1, le=65_536)
+    eval_max_new_tokens: int = Field(64, ge=1, le=MAX_NEW_TOKENS)
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy held-out verification")
-    eval_seeds: list[int] = Field(default_factory=lambda: [0], description="sampling seeds of held-out verification")
-    eval_size: int | None = Field(None, ge=1, description="held-out tasks verified (None = all)")
+    eval_seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=100,
+                                  description="sampling seeds of held-out verification")
+    eval_size: int | None = Field(None, ge=1, le=1_000_000, description="held-out tasks verified (None = all)")
     carry_optimizer: bool = Field(False, description="a version starts from its parent's AdamW moments "
                                                    "(population-based-training style); false: a fresh AdamW per version")
 
@@ -88,9 +94,11 @@ class LLMConfig(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible server URL; None = local transformers client")
     model: str = Field("smollm2-135m", description="server model name, or local model spec")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the API key")
-    max_tokens: int = Field(320, ge=16, description="reply tokens per operator call")
+    max_tokens: int = Field(320, ge=16, le=MAX_NEW_TOKENS, description="reply tokens per operator call")
     temperature: float = Field(0.7, ge=0)
-    timeout_s: float = Field(120.0, gt=0)
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="seconds one request may wait for the server")
+    proposal_timeout_s: float = Field(300.0, gt=0, le=7200, description="total seconds for one child's proposal, "
+                                      "all its LLM calls and retries together")
     usd_per_1m_prompt_tokens: float = Field(0.0, ge=0, description="price of prompt tokens, for budget.llm_cost_usd")
     usd_per_1m_completion_tokens: float = Field(0.0, ge=0, description="price of reply tokens, for budget.llm_cost_usd")
 
@@ -107,15 +115,15 @@ class BudgetConfig(_Section):
 class EvolutionConfig(_Section):
     mode: Literal["evolve", "reference", "recipe-search"] = Field(
         "evolve", description="evolve: all operators; reference: fixed reference harness; recipe-search: knobs only")
-    population_size: int = Field(4, ge=1)
-    children_per_generation: int = Field(2, ge=0)
-    generations: int = Field(3, ge=1)
-    steps_per_generation: int = Field(2, ge=1, description="training steps of each live branch per generation")
+    population_size: int = Field(4, ge=1, le=1024)
+    children_per_generation: int = Field(2, ge=0, le=1024)
+    generations: int = Field(3, ge=1, le=100_000)
+    steps_per_generation: int = Field(2, ge=1, le=1_000_000, description="training steps of each live branch per generation")
     operators: dict[str, float] = Field(default_factory=lambda: {"llm_choice": 1.0, "library": 1.0, "knobs": 1.0,
                                                                  "crossover": 0.5},
                                         description="operator name -> weight")
     selection: Literal["nsga2", "tournament"] = "nsga2"
-    tournament_size: int = Field(2, ge=1)
+    tournament_size: int = Field(2, ge=1, le=1024)
     elitism: int = Field(1, ge=0, description="best valid branches always kept")
     gate_level: float = Field(0.9, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
     min_delta: float = Field(0.0, description="a child is promoted when the CI lower bound exceeds this")

@@ -11,7 +11,7 @@ from evotrainer.domains import build_domain
 from evotrainer.genome.contract import check_contract
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
-from evotrainer.loop.train_branch import DOMAIN_HARNESSES, seed_program
+from evotrainer.loop.seed import DOMAIN_HARNESSES, seed_program
 from evotrainer.records.version import VersionDir
 
 

@@ -70,7 +70,7 @@ def test_train_command_reports_config_errors(tmp_path, capsys):
     path = tmp_path / "cfg.yaml"
     path.write_text("grpo: {loss_type: ppo}\n")
     assert main(["train", str(path)]) == 2
-    assert "grpo.loss_type" in capsys.readouterr().out
+    assert "grpo.loss_type" in capsys.readouterr().err
 
 
 def test_readme_config_reference_covers_every_field():
@@ -101,5 +101,5 @@ def test_knob_override_outside_the_harness_space_is_a_config_error(tmp_path, cap
     path.write_text(yaml.safe_dump({"model": "tiny-random", "run_dir": str(tmp_path / "r"),
                                     "grpo": {"max_completion_length": 7}}))
     assert main(["train", str(path)]) == 2
-    out = capsys.readouterr().out
-    assert "max_completion_length" in out and "[32, 64, 128, 256]" in out
+    err = capsys.readouterr().err
+    assert "max_completion_length" in err and "[32, 64, 128, 256]" in err

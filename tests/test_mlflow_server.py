@@ -115,3 +115,18 @@ def test_runs_parents_and_artifacts_through_rest(server, tmp_path):
     # the artifacts really are on the server's side, not in the run directory
     assert any((tmp_path / "served-artifacts").rglob("genome.py"))
     assert not (run_dir / "mlartifacts").exists()
+
+    # The genealogy view: names and descriptions say what each version is and what was decided.
+    names = {t["evotrainer.version_id"]: r["info"]["run_name"] for r in runs
+             for t in [{x["key"]: x["value"] for x in r["data"]["tags"]}]}
+    assert names["v002"] == "v002 · gen 1 · knobs:learning_rate · promoted 0.300"
+    assert names["v003"].startswith("v003 · gen 1 · llm_diff:reward · INVALID")
+    assert names["v000"] == "v000 · gen 0 · seed · promoted 0.200"
+    note = by_version["v003"][1]["mlflow.note.content"]
+    assert "llm_diff" in note and "hook:reward" in note and "of v001" in note and "leak_used" in note
+    assert "**promoted**" in by_version["v002"][1]["mlflow.note.content"]
+    exp = _get(server, "/api/2.0/mlflow/experiments/get", experiment_id=tracker.experiment_id)["experiment"]
+    page = {t["key"]: t["value"] for t in exp.get("tags", [])}["mlflow.note.content"]
+    rows = [line for line in page.splitlines() if line.startswith("| v0")]
+    assert [r.split("|")[1].strip() for r in rows] == ["v003", "v004", "v002", "v000", "v001"]   # by held-out
+    assert summary in page and "genealogy.png" in page

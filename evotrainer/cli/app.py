@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from evotrainer.cli import domain, fitness, genome, inspect, loop, mutate, train
+from evotrainer.cli.errors import run_command
 
 # The command groups, in the order `evotrainer --help` lists them.
 COMMAND_GROUPS = (train, loop, inspect, genome, mutate, fitness, domain)
@@ -23,6 +24,8 @@ COMMAND_GROUPS = (train, loop, inspect, genome, mutate, fitness, domain)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evotrainer", description="RL training that evolves its own harness.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of a failure (also: EVOTRAINER_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
         group.register(sub)
@@ -31,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    return run_command(args.func, args, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,21 @@
 
     evotrainer report VERSION_DIR [--compare OTHER_DIR] [--json]
     evotrainer backtest GENOME --on VERSION_DIR [--expect "metric op value"] [--labels FILE] [--json]
-    evotrainer gate CHILD_DIR [--parent PARENT_DIR] [--labels FILE] [--json]
+    evotrainer gate CHILD_DIR [--parent PARENT_DIR] [--record [--labels FILE]] [--json]
 
 ``backtest`` exits 0 when the candidate is accepted and 1 when rejected; ``gate`` exits 0 when the
 child is promoted, 1 when refused or invalid. Usage errors (missing dirs, bad expectations) exit 2.
 The labelled history defaults to the run's ``labels.json`` (next to the version dir, or ``RUN_DIR`` for a
-loop's ``RUN_DIR/versions/VID``), when that file exists.
+loop's ``RUN_DIR/versions/VID``), when that file exists. ``report``, ``backtest`` and ``gate`` without
+``--record`` only read: they write nothing anywhere.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from evotrainer.cli.errors import number
 
 
 def _labels(path: str | None, version_dir: str, create: bool = False):
@@ -32,24 +35,38 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _not_a_version(d: str, need_train: bool = False) -> str | None:
+    """Why ``d`` cannot be judged as a version directory (None when it can): a folder without a
+    version's record used to produce an empty report, and a backtest on 0 rollouts said ACCEPT."""
+    path = Path(d)
+    if not path.is_dir():
+        return f"{d} is not a version directory (it does not exist)"
+    if not (path / "meta.json").is_file():
+        return (f"{d} is not a version directory (no meta.json): give a directory written by "
+                "`evotrainer train`, or RUN_DIR/versions/VID of a loop run")
+    if need_train and not (path / "rollouts" / "train.jsonl").is_file():
+        return f"{d} holds no cached training rollouts (rollouts/train.jsonl): there is nothing to replay"
+    return None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    for d in [args.version_dir] + ([args.compare] if args.compare else []):
+        if why := _not_a_version(d):
+            return _fail(why)
     from evotrainer.fitness.health import health_report
 
-    for d in [args.version_dir] + ([args.compare] if args.compare else []):
-        if not Path(d).is_dir():
-            return _fail(f"{d} is not a version directory")
     report = health_report(args.version_dir, compare=args.compare, window=args.window)
     print((report.to_json() if args.json else report.to_markdown()).rstrip("\n"))
     return 0
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from evotrainer.fitness.backtest import backtest, parse_expectation
-
     if not Path(args.genome).is_file():
         return _fail(f"{args.genome} is not a genome file")
-    if not Path(args.on).is_dir():
-        return _fail(f"{args.on} is not a version directory")
+    if why := _not_a_version(args.on, need_train=True):
+        return _fail(why)
+    from evotrainer.fitness.backtest import backtest, parse_expectation
+
     try:
         expect = parse_expectation(args.expect) if args.expect else None
     except ValueError as e:
@@ -61,13 +78,17 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    for d in [args.child] + ([args.parent] if args.parent else []):
+        if why := _not_a_version(d):
+            return _fail(why)
     from evotrainer.fitness.gates import GateConfig, gate
 
-    for d in [args.child] + ([args.parent] if args.parent else []):
-        if not Path(d).is_dir():
-            return _fail(f"{d} is not a version directory")
+    if args.labels and not args.record:
+        return _fail("--labels names where --record writes the verdict: add --record (without it, gate only reads)")
     cfg = GateConfig(level=args.level, min_delta=args.min_delta)
-    decision = gate(args.child, args.parent, cfg, labels=_labels(args.labels, args.child, create=args.record))
+    # Without --record the gate is an inspection: it judges and writes nothing, labels.json included.
+    labels = _labels(args.labels, args.child, create=True) if args.record else None
+    decision = gate(args.child, args.parent, cfg, labels=labels)
     print((decision.to_json() if args.json else decision.to_markdown()).rstrip("\n"))
     return 0 if decision.promote else 1
 
@@ -76,7 +97,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="health report of a branch version (Markdown, or --json)")
     p.add_argument("version_dir", help="a version directory written by `evotrainer train`")
     p.add_argument("--compare", metavar="OTHER_DIR", help="outcome flow from this earlier version's held-out results")
-    p.add_argument("--window", type=int, default=3, help="last training steps pooled as the current metrics")
+    p.add_argument("--window", type=number(int, 1), default=3, help="last training steps pooled as the current metrics")
     p.add_argument("--json", action="store_true", help="print JSON (what operators read)")
     p.set_defaults(func=cmd_report)
 
@@ -86,16 +107,18 @@ def register(subparsers) -> None:
     p.add_argument("--expect", metavar='"METRIC OP VALUE"', help='expected effect, e.g. "dead_group_ratio < 0.3" '
                    "(ops: < > <= >= delta< delta>)")
     p.add_argument("--labels", metavar="FILE", help="labelled history (default: labels.json next to VERSION_DIR)")
-    p.add_argument("--max-fpr", type=float, default=0.2, help="largest tolerated validity false-positive rate")
+    p.add_argument("--max-fpr", type=number(float, 0, 1), default=0.2, help="largest tolerated validity false-positive rate")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_backtest)
 
     p = subparsers.add_parser("gate", help="validity checks + paired statistics: may CHILD be promoted?")
     p.add_argument("child", help="the child version dir")
     p.add_argument("--parent", help="parent version dir (default: the child's own base-model held-out results)")
-    p.add_argument("--labels", metavar="FILE", help="labelled history to record the verdict in")
-    p.add_argument("--record", action="store_true", help="create labels.json next to CHILD if missing")
-    p.add_argument("--level", type=float, default=0.95, help="confidence level of the paired bootstrap CI")
+    p.add_argument("--labels", metavar="FILE", help="with --record: the labelled history to record the verdict in")
+    p.add_argument("--record", action="store_true", help="record the verdict in the labelled history "
+                   "(default: labels.json next to CHILD, created if missing); without it nothing is written")
+    p.add_argument("--level", type=number(float, 0, 0.999, low_open=True), default=0.95,
+                   help="confidence level of the paired bootstrap CI")
     p.add_argument("--min-delta", type=float, default=0.0, help="the CI lower bound must exceed this")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gate)

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from evotrainer.cli.errors import number
 from evotrainer.domains.task import Task
 from evotrainer.records.rollout import Rollout, group_rollouts, load_rollouts
 from evotrainer.genome.contract import check_contract
@@ -35,7 +36,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("path")
     run.add_argument("--hook", required=True, choices=HOOKS)
     run.add_argument("--rollouts", help="rollouts as JSON lines (default: a built-in sample batch)")
-    run.add_argument("--timeout", type=float, default=10.0, help="seconds for the whole run (default 10)")
+    run.add_argument("--timeout", type=number(float, 0, 3600, low_open=True), default=10.0,
+                     help="seconds for the whole run (default 10)")
     run.set_defaults(func=cmd_run)
     return parser
 

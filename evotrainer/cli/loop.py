@@ -7,10 +7,23 @@ from pathlib import Path
 
 from rich.console import Console
 
+from evotrainer.cli.errors import number
+from evotrainer.records.run_dir import require
+from evotrainer.records.run_state import load_state
+from evotrainer.records.version import read_json
+
 console = Console(highlight=False)
 
 
+def _precheck(run_dir: str) -> None:
+    """A missing, foreign or damaged run directory is reported before the loop (and torch) is imported."""
+    require(run_dir, "run")
+    load_state(run_dir)
+    read_json(Path(run_dir) / "config.json", "the run's configuration")
+
+
 def _experiment(run_dir: str, progress=None):
+    _precheck(run_dir)
     from evotrainer.loop.experiment import Experiment
 
     return Experiment.resume(run_dir, on_event=lambda m: console.print(f"[dim]{m}[/dim]"), progress=progress)
@@ -24,28 +37,23 @@ def _run(exp) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from evotrainer.config import ConfigError, load_config
-    from evotrainer.loop.experiment import Experiment
+    from evotrainer.config import load_config
+    from evotrainer.loop.validate import validate_resources
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        console.print(f"[red]config error[/red]\n{e}")
-        return 2
+    cfg = load_config(args.config)   # a ConfigError is reported by the CLI's error policy (cli/errors.py)
     if args.run_dir:
         cfg.run_dir = args.run_dir
     if (Path(cfg.run_dir) / "state.json").is_file() and not args.resume:
         console.print(f"[red]{cfg.run_dir} already holds a run[/red]: continue it with "
                       f"`evotrainer resume {cfg.run_dir}` or choose another --run-dir")
         return 2
+    if not (Path(cfg.run_dir) / "state.json").is_file():   # a new run: its config is checked first, light
+        validate_resources(cfg, loop=True)
+    from evotrainer.loop.experiment import Experiment
     from evotrainer.loop.progress import RichProgress
 
     exp = Experiment(cfg, on_event=lambda m: console.print(f"[dim]{m}[/dim]"), progress=RichProgress(console))
-    try:
-        _run(exp)
-    except ConfigError as e:
-        console.print(f"[red]config error[/red]\n{e}")
-        return 2
+    _run(exp)
     exp.print_summary(console)
     return 0
 
@@ -60,9 +68,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    _precheck(args.run_dir)
     from evotrainer.loop.experiment import Experiment
 
-    exp = Experiment.resume(args.run_dir)
+    exp = Experiment.resume(args.run_dir, readonly=True)   # a live run's status: read, never write
     s = exp.state
     console.print(f"[bold]{args.run_dir}[/bold]: {s.status}, generation {s.generation}/"
                   f"{exp.cfg.evolution.generations}, stage {s.stage}, live {', '.join(s.live) or '-'}")
@@ -75,10 +84,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _decide(args: argparse.Namespace, verdict: str) -> int:
     exp = _experiment(args.run_dir)
     pending = [k for k, v in exp.state.approvals.items() if v == "pending"]
+    if not pending:   # nothing to decide: the run is left exactly as it is (a finished run stays finished)
+        console.print(f"[red]nothing awaits approval in {args.run_dir}[/red] (the run is {exp.state.status})")
+        return 1
     ids = args.versions or pending
     unknown = [i for i in ids if i not in pending]
     if unknown:
-        console.print(f"[red]not awaiting approval: {', '.join(unknown)}[/red]; pending: {', '.join(pending) or 'none'}")
+        console.print(f"[red]not awaiting approval: {', '.join(unknown)}[/red]; pending: {', '.join(pending)}")
         return 1
     for vid in ids:
         vd = exp.vdir(vid)
@@ -94,7 +106,7 @@ def _decide(args: argparse.Namespace, verdict: str) -> int:
         vd.save_meta(meta)
         exp.record(vid)
         console.print(f"{vid}: {verdict}")
-    if not any(v == "pending" for v in exp.state.approvals.values()):
+    if exp.state.status == "paused" and not any(v == "pending" for v in exp.state.approvals.values()):
         exp.state.status = "running"
         console.print(f"all decided: continue with `evotrainer resume {args.run_dir}`")
     exp.save()
@@ -112,7 +124,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_resume)
     p = sub.add_parser("status", help="show a live or finished run")
     p.add_argument("run_dir")
-    p.add_argument("--events", type=int, default=10, help="recent events to show")
+    p.add_argument("--events", type=number(int, 1), default=10, help="recent events to show")
     p.set_defaults(func=cmd_status)
     for verdict, name in (("approved", "approve"), ("rejected", "reject")):
         p = sub.add_parser(name, help=f"{name} children waiting at the human gate")

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+
+from evotrainer.cli.errors import number
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
+from evotrainer.operators.llm_client import proposal_deadline
 
 LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair", "llm_choice")
 
@@ -36,8 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--structured-output", choices=("json_schema", "guided_json", "none"), default="json_schema",
                    help="how a server is asked to follow llm_choice's reply schema: response_format json_schema "
                         "(default), vLLM's guided_json, or none (the prompt alone asks for JSON)")
-    p.add_argument("--max-tokens", type=int, default=1024, help="LLM completion tokens (default 1024)")
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--max-tokens", type=number(int, 16, 32768), default=1024, help="LLM completion tokens (default 1024)")
+    p.add_argument("--temperature", type=number(float, 0), default=0.7)
+    p.add_argument("--timeout", type=number(float, 0, 7200, low_open=True), default=300.0,
+                   help="total seconds for the proposal, every LLM call and retry included (default 300)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--allow-multi-factor", action="store_true", help="accept children that change several factors")
     p.set_defaults(func=run_mutate)
@@ -61,10 +67,13 @@ def run_mutate(args: argparse.Namespace) -> int:
             from evotrainer.operators.llm_client import make_client
 
             structured = None if args.structured_output == "none" else args.structured_output
-            shared["client"] = make_client(args.llm_url, args.llm_model,
-                                           **({"structured_output": structured} if args.llm_url else {}))
+            extra = {"timeout": args.timeout, "on_wait": lambda m: print(m, file=sys.stderr, flush=True),
+                     "notice_s": min(15.0, args.timeout / 4), "structured_output": structured
+                     } if (args.llm_url or os.environ.get("EVOTRAINER_LLM_URL")) else {}
+            shared["client"] = make_client(args.llm_url, args.llm_model, **extra)
         op = get_operator(args.operator, **accepted_kwargs(args.operator, shared))
-        intervention = op.propose(parents, evidence)
+        with proposal_deadline(shared.get("client"), args.timeout):
+            intervention = op.propose(parents, evidence)
     except OperatorError as err:
         print(json.dumps({"rejected": True, "operator": args.operator, "kind": err.kind, "reason": err.reason}),
               file=sys.stderr)

@@ -7,7 +7,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from evotrainer.config import ConfigError, load_config
+from evotrainer.cli.errors import number
+from evotrainer.config import load_config
 
 console = Console(highlight=False)
 
@@ -17,19 +18,18 @@ def _fmt(v) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    # The trainer pulls in torch and transformers: imported only when a branch is really trained.
-    from evotrainer.loop.train_branch import train_branch
-    from evotrainer.policy.train_step import STEP_COLUMNS
+    from evotrainer.loop.validate import validate_resources
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        console.print(f"[red]config error[/red]\n{e}")
-        return 2
+    cfg = load_config(args.config)   # a ConfigError is reported by the CLI's error policy (cli/errors.py)
     if args.steps is not None:
         cfg.train.steps = args.steps
     if args.run_dir:
         cfg.run_dir = args.run_dir
+    validate_resources(cfg, loop=False, say=lambda msg: console.print(f"[yellow]{msg}[/yellow]"))
+    # The trainer pulls in torch and transformers: imported only when a branch is really trained.
+    from evotrainer.loop.train_branch import train_branch
+    from evotrainer.policy.train_step import STEP_COLUMNS
+
     columns = ("step",) + STEP_COLUMNS + ("step_seconds",)
     # Plain prints: one row per step stays one line whatever the terminal width.
     print(" ".join(f"{c[:11]:>11}" for c in columns), flush=True)
@@ -37,11 +37,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     def on_step(m: dict) -> None:
         print(" ".join(f"{_fmt(m.get(c, float('nan'))):>11}" for c in columns), flush=True)
 
-    try:
-        result = train_branch(cfg, on_step=on_step, on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"))
-    except ConfigError as e:
-        console.print(f"[red]config error[/red]\n{e}")
-        return 2
+    result = train_branch(cfg, on_step=on_step, on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+                          validate=False)
     table = Table(title=f"held-out accuracy ({cfg.domain.name})")
     table.add_column("before")
     table.add_column("after")
@@ -54,6 +51,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one branch under the reference recipe (or a harness file)")
     p.add_argument("config", help="YAML config file")
-    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--steps", type=number(int, 0), help="override train.steps")
     p.add_argument("--run-dir", help="override run_dir (the version directory written)")
     p.set_defaults(func=cmd_train)

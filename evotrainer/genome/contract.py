@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import ast
 
+from pydantic import ValidationError
+
+from evotrainer.config import GRPOSection
+
 from .errors import ContractError
 from .program import HOOK_PARAMS, HarnessProgram
 
@@ -47,6 +51,24 @@ def check_contract(
         problem = _problem(node, allowed)
         if problem:
             raise ContractError(f"line {node.lineno}: {problem}")
+    check_knob_rules(program)
+
+
+def check_knob_rules(program: HarnessProgram) -> None:
+    """Every value a recipe knob may take (its value, its choices, its range's ends) obeys the rule the
+    config's ``grpo`` section gives that setting, so a genome that passes here is one the trainer
+    accepts (``num_generations: 1`` or ``loss_type: magic`` used to pass the check and fail in train)."""
+    for name, spec in program.knobs.items():
+        if name not in GRPOSection.model_fields or not isinstance(spec, dict):
+            continue
+        values = [("value", spec.get("value"))] + [("choice", c) for c in spec.get("choices") or []]
+        values += [("range end", x) for x in (spec.get("range") or [])]
+        for what, value in values:
+            try:
+                GRPOSection.model_validate({name: value})
+            except ValidationError as e:
+                msg = e.errors()[0]["msg"]
+                raise ContractError(f"KNOBS[{name!r}] {what} {value!r}: {msg} (the trainer refuses it)") from None
 
 
 def _walk(tree: ast.AST):

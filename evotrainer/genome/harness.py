@@ -1,10 +1,12 @@
 """Harness: the engine-side facade of one genome, the object the trainer and backtests call.
 
 ``Harness(program)`` runs the hooks in a ``Sandbox`` (the default; required for any genome an
-operator wrote). ``sandbox=False`` runs them in-process, which is only for trusted programs such as
-the reference harness (benchmarks, fast tests). Either way missing hooks fall back to the reference
-harness and every result is validated. Inputs may be engine objects (``Rollout``, ``Task``,
-``Group``) or plain dicts; hidden outcomes are stripped before a harness sees them.
+operator wrote). ``sandbox=False`` runs them in-process, after the same contract check, which is only
+for trusted programs: the reference harness (benchmarks, fast tests) or a harness file the user
+wrote and named (``loop/validate.py`` refuses it when operators that write code are configured).
+Either way missing hooks fall back to the reference harness and every result is validated. Inputs
+may be engine objects (``Rollout``, ``Task``, ``Group``) or plain dicts; hidden outcomes are
+stripped before a harness sees them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .contract import check_contract
 from .program import HOOKS, HarnessProgram, reference_program
 from .results import validate_result
 from .sandbox import Sandbox, SandboxLimits
@@ -22,6 +25,8 @@ class Harness:
                  limits: SandboxLimits | None = None, check: bool = True):
         self.program = program or reference_program()
         self.reference = reference_program()
+        if not sandbox and check:   # in-process code passes the same contract check as sandboxed code
+            check_contract(self.program)
         self.sandbox = Sandbox(self.program, limits, check=check) if sandbox else None
         self._hooks: dict[str, Any] | None = None
 

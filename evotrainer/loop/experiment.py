@@ -13,7 +13,6 @@ finished work and duplicates nothing (stages are idempotent; MLflow records are 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -33,11 +32,13 @@ from evotrainer.loop.runtime import Runtime
 from evotrainer.loop.selection import Candidate, survivors as select_survivors
 from evotrainer.loop.skills import SkillLibrary
 from evotrainer.loop.summary import print_summary
-from evotrainer.loop.train_branch import seed_program
+from evotrainer.loop.seed import seed_program
 from evotrainer.loop.training import train_version, verify_version
+from evotrainer.loop.validate import validate_resources
 from evotrainer.loop.versions import SETTLED, new_version
+from evotrainer.records import run_dir as rundir
 from evotrainer.records.run_state import RunState, load_state, save_state
-from evotrainer.records.version import VersionDir
+from evotrainer.records.version import VersionDir, read_json, write_atomic
 from evotrainer.tracking.lineage import LineageTracker
 
 
@@ -46,28 +47,58 @@ class Experiment:
     holds (``runtime``: tasks, model and branches, rollout engine); the stages act on it."""
 
     def __init__(self, cfg: Config, run_dir: str | Path | None = None, on_event: Callable[[str], None] | None = None,
-                 progress: NullProgress | None = None):
+                 progress: NullProgress | None = None, readonly: bool = False):
         self.cfg = cfg
         self.progress = progress or NullProgress()
         self.run_dir = Path(run_dir or cfg.run_dir)
         self.on_event = on_event or (lambda msg: None)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = self.run_dir / "config.json"
-        if (self.run_dir / "state.json").is_file():
+        self.readonly = readonly
+        self._lock = None
+        if readonly:   # status and other readers: nothing is written, no lock is taken
+            rundir.require(self.run_dir, "run")
             self.state = load_state(self.run_dir)
         else:
-            self.state = RunState()
-            cfg_path.write_text(cfg.model_dump_json(indent=2))
+            self.state = self._open_for_writing()
         self._clock = time.monotonic()
         self.budgets = Budgets(cfg, self.state)
         self.runtime = Runtime(cfg, self.budgets)
 
+    def _open_for_writing(self) -> RunState:
+        """Claims the run directory (refusing one that is not a run's), takes its lock, and loads the
+        state, or starts a new run in a new (or empty) directory."""
+        if not (self.run_dir / "state.json").is_file():   # a new run: its config is checked before anything is written
+            self.validate()
+        rundir.claim(self.run_dir, "run")
+        self._lock = rundir.acquire(self.run_dir, "evotrainer run")
+        if (self.run_dir / "state.json").is_file():
+            return load_state(self.run_dir)
+        if self.versions():   # a restart would overwrite v0000 and duplicate its MLflow runs
+            raise rundir.RunDirError(
+                f"{self.run_dir / 'state.json'} is missing but the run holds versions "
+                f"({', '.join(self.versions()[:3])}...): it cannot be continued safely; restore state.json "
+                "from a backup, or start the run again in a new --run-dir")
+        write_atomic(self.run_dir / "config.json", self.cfg.model_dump_json(indent=2))
+        return RunState()
+
+    def validate(self) -> None:
+        """Everything the config names is usable (once per process): before any compute."""
+        if not getattr(self, "_validated", False):
+            validate_resources(self.cfg, loop=True, say=self.on_event)
+            self._validated = True
+
+    def close(self) -> None:
+        """Releases the run's lock (the process's exit releases it too)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     @classmethod
     def resume(cls, run_dir: str | Path, **kw) -> "Experiment":
-        path = Path(run_dir) / "config.json"
+        path = rundir.require(run_dir, "run") / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{run_dir} holds no config.json: not an evotrainer run directory")
-        return cls(parse_config(json.loads(path.read_text()), str(path)), run_dir, **kw)
+            raise rundir.RunDirError(f"{run_dir} holds no config.json: the run's configuration is lost; "
+                                       "start the run again in a new directory")
+        return cls(parse_config(read_json(path, "the run's configuration"), str(path)), run_dir, **kw)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> RunState:
@@ -78,6 +109,7 @@ class Experiment:
             self.say("paused: waiting for `evotrainer approve/reject` on " +
                      ", ".join(k for k, v in s.approvals.items() if v == "pending"))
             return s
+        self.validate()   # what a resumed run names (data files, model folder) may have moved since
         s.status = "running"
         if not s.live and s.generation == 0 and s.next_id == 0:
             seed = self.seed_program()
@@ -216,6 +248,8 @@ class Experiment:
         self.save()
 
     def save(self) -> None:
+        if self.readonly:
+            raise RuntimeError("a read-only view of a run never saves it")
         now = time.monotonic()
         self.state.budget_used["wall_time_s"] += now - self._clock
         self._clock = now
@@ -224,7 +258,7 @@ class Experiment:
     # ---- operators, labels, skills, lineage ----------------------------------------------------
     @functools.cached_property
     def mix(self):
-        return operator_mix(self.cfg, self.run_dir, self.budgets.llm, self.state.history)
+        return operator_mix(self.cfg, self.run_dir, self.budgets.llm, self.state.history, say=self.on_event)
 
     @property
     def mix_loaded(self) -> bool:

@@ -1,33 +1,56 @@
 """The operators a run proposes with, built from its config: weights by mode, the LLM client (a
-server by URL, else the local model), and the knobs operator's Optuna study in the run directory."""
+server by URL, else the local model), the knobs operator's Optuna study in the run directory, and
+the bandit's counts replayed from the run's history. Each child's proposal, every LLM call and retry
+in it, ends by ``evolution.llm.proposal_timeout_s``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from evotrainer.config import Config
-from evotrainer.operators.llm_client import LocalClient, OpenAIClient, TokenBudget
+from evotrainer.operators.llm_client import LocalClient, OpenAIClient, TokenBudget, proposal_deadline
 from evotrainer.operators.registry import OperatorMix
 
+GATED = ("promoted", "kept", "rejected", "invalid")   # history outcomes a gate decided
 
-def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: list[dict]) -> OperatorMix:
+
+class DeadlineMix(OperatorMix):
+    """An operator mix whose every proposal (one child, all its draws) shares one LLM deadline."""
+
+    def __init__(self, *args: Any, proposal_timeout_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.proposal_timeout_s = proposal_timeout_s
+
+    def propose(self, parents: list, evidence: Any, attempts: int = 1, on_reject=None):
+        with proposal_deadline(self.shared.get("client"), self.proposal_timeout_s):
+            return super().propose(parents, evidence, attempts, on_reject=on_reject)
+
+
+def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: list[dict] = (),
+                 say: Callable[[str], None] | None = None) -> OperatorMix:
     ev = cfg.evolution
     weights = {"knobs": 1.0} if ev.mode == "recipe-search" else dict(ev.operators)
     llm = ev.llm
     if llm.base_url:
         client = OpenAIClient(llm.base_url, llm.model, api_key_env=llm.api_key_env, timeout=llm.timeout_s,
-                              budget=llm_budget)
+                              budget=llm_budget, on_wait=say)
     else:
         client = LocalClient(llm.model, budget=llm_budget, seed=cfg.seed)
     shared = {"client": client, "seed": cfg.seed, "max_tokens": llm.max_tokens, "temperature": llm.temperature}
     # The knobs operator's Optuna study lives in the run dir, so a resumed run keeps learning from
-    # the fitness of earlier knob settings instead of starting TPE over.
+    # the paired deltas of earlier knob children instead of starting TPE over.
     fixed = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None}
-    by_name = {"knobs": {"storage": f"sqlite:///{run_dir.resolve()}/optuna.db", "fixed": fixed,
-                         "n_startup_trials": ev.knobs_startup_trials}} if "knobs" in weights else {}
-    mix = OperatorMix(weights, seed=cfg.seed, shared=shared, kwargs_by_name=by_name, repair="llm_repair" in weights)
+    by_name: dict[str, dict[str, Any]] = {}
+    if "llm_choice" in weights:   # so it offers no knob that cannot change training under this recipe
+        by_name["llm_choice"] = {"fixed": fixed}
+    if "knobs" in weights:
+        by_name["knobs"] = {"storage": f"sqlite:///{run_dir.resolve()}/optuna.db", "fixed": fixed,
+                            "n_startup_trials": ev.knobs_startup_trials}
+    mix = DeadlineMix(weights, seed=cfg.seed, shared=shared, kwargs_by_name=by_name,
+                      repair="llm_repair" in weights, proposal_timeout_s=llm.proposal_timeout_s)
     for h in history:   # the bandit resumes from what earlier generations' gates said
-        if h.get("operator") in weights and h.get("outcome") in ("promoted", "kept", "rejected", "invalid"):
+        if h.get("operator") in weights and h.get("outcome") in GATED:
             mix.credit(h["operator"], h["outcome"] == "promoted" or h.get("hypothesis_verdict") == "confirmed",
                        entry=h.get("entry"))
     return mix

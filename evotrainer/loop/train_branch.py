@@ -1,33 +1,35 @@
 """Training one branch under a harness, outside the loop: what ``evotrainer train`` runs.
 
 Steps are :func:`~evotrainer.policy.train_step.train_step`; held-out accuracy is measured by the
-engine before and after, with data the harness never sees. ``seed_program`` is also the seed of
-every loop run.
+engine before and after, with data the harness never sees.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from evotrainer.config import Config, ConfigError
+from evotrainer.config import Config
 from evotrainer.domains import build_domain
-from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
-from evotrainer.genome.program import REFERENCE_PATH, HarnessProgram, reference_program
 from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import TransformersEngine
+from evotrainer.loop.seed import seed_program
+from evotrainer.loop.validate import validate_resources
 from evotrainer.policy.train_step import grpo_config, train_step
+from evotrainer.records import run_dir as rundir
 from evotrainer.records.numeric import mean
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.scores import heldout_accuracy
-from evotrainer.records.version import BranchVersion, VersionDir
+from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
 
 
 @dataclass
@@ -38,36 +40,20 @@ class TrainResult:
     steps: list[dict[str, Any]]
 
 
-def seed_program(cfg: Config) -> HarnessProgram:
-    """The harness a run starts from, with the config's ``grpo`` knob overrides written into KNOBS."""
-    program = load_program(cfg.harness, cfg.domain.name)
-    values = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None and k in program.knobs}
-    try:
-        return program.with_knobs(**values) if values else program
-    except ContractError as e:
-        raise ConfigError(f"grpo override outside the harness's declared knob space: {e}; "
-                          "choose an allowed value or widen the knob in the harness's KNOBS") from None
-
-
-# The reference harness of a domain whose recipe differs from the math one (used when `harness` is not set).
-DOMAIN_HARNESSES = {"code": REFERENCE_PATH.with_name("reference_code_harness.py")}
-
-
-def load_program(path: str | None, domain: str | None = None) -> HarnessProgram:
-    if path:
-        return HarnessProgram.from_file(path)
-    default = DOMAIN_HARNESSES.get(domain or "")
-    return HarnessProgram.from_file(default) if default else reference_program()
-
-
 def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None = None,
-                 on_event: Callable[[str], None] | None = None) -> TrainResult:
-    """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir."""
+                 on_event: Callable[[str], None] | None = None, validate: bool = True) -> TrainResult:
+    """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir.
+    ``validate=False``: the caller has run ``validate_resources`` already."""
     say = on_event or (lambda msg: None)
+    if validate:   # before any compute, and before the directory is touched
+        validate_resources(cfg, loop=False, say=say)
     program = seed_program(cfg)
     domain = build_domain(cfg.domain)
     out = VersionDir(cfg.run_dir)
-    with Harness(program, sandbox=cfg.sandbox) as harness:
+    # Only a version directory (or a new or empty one) is written, by one process at a time; an
+    # earlier version there is replaced only once this training has succeeded.
+    rundir.claim(out.path, "version")
+    with rundir.acquire(out.path, "evotrainer train"), Harness(program, sandbox=cfg.sandbox) as harness:
         grpo = grpo_config(harness, cfg.grpo.model_dump())
         say(f"loading {cfg.model}")
         model, tok = load_base_model(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
@@ -85,8 +71,8 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         all_rollouts: list[Rollout] = []
         steps: list[dict[str, Any]] = []
         violations: list[str] = []
-        out.path.mkdir(parents=True, exist_ok=True)
-        (out.path / "steps.jsonl").unlink(missing_ok=True)
+        partial = VersionDir(out.path / ".partial")   # this run's steps, live, beside the old version's
+        (partial.path / "steps.jsonl").unlink(missing_ok=True)
         for step in range(cfg.train.steps):
             tasks, bad = choose_tasks(harness, train_tasks, task_stats(all_rollouts), step, cfg.train.prompts_per_step,
                                       cfg.seed)
@@ -97,7 +83,7 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                                            prompt=ev["prompt"])
             all_rollouts.extend(rollouts)
             steps.append(metrics)
-            out.append_step(metrics)
+            partial.append_step(metrics)
             if on_step:
                 on_step(metrics)
         policy.check_adapter_applied(branch)
@@ -105,7 +91,10 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         after = verify(engine, domain, heldout, branch, **ev)
 
         acc_before, acc_after = heldout_accuracy(before), heldout_accuracy(after)
+        shutil.rmtree(out.adapter_dir, ignore_errors=True)   # no file of an earlier adapter survives
         policy.save(branch, out.adapter_dir)
+        write_atomic(out.path / "steps.jsonl", "".join(json.dumps(m) + "\n" for m in steps))
+        shutil.rmtree(partial.path, ignore_errors=True)
         out.save_genome(program.source)
         out.save_rollouts("train", all_rollouts)
         out.save_rollouts("heldout", after)
@@ -116,5 +105,5 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                    "steps": float(len(steps))}
         out.save_meta(BranchVersion(id=branch, base_model=cfg.model, genome_hash=program.hash, parents=["base"],
                                     metrics=summary))
-        (out.path / "config.json").write_text(cfg.model_dump_json(indent=2))
+        write_atomic(out.path / "config.json", cfg.model_dump_json(indent=2))
     return TrainResult(out.path, acc_before, acc_after, steps)

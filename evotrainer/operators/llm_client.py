@@ -7,12 +7,13 @@ LLMs cleanly and keeps searching with the other operators.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 Message = dict[str, str]   # {"role": "system"|"user"|"assistant", "content": "..."}
 
@@ -150,11 +151,18 @@ class OpenAIClient(_Accounting):
     Retries connection errors, timeouts, 429 and 5xx up to ``max_retries`` times with exponential
     backoff (``backoff * 2**attempt`` seconds); other HTTP errors fail at once. Retries are ours,
     not the openai package's, so that they are counted and their timing is under our control.
+
+    Inside ``with client.deadline(seconds):`` every call shares one total deadline (one proposal may
+    make several calls): each request's timeout and each backoff is cut to the time left, and a call
+    once it has passed fails at once. Without it, a server that accepts and never answers held a
+    proposal for ``timeout`` × (retries + 1) per call. ``on_wait`` hears every ``notice_s`` seconds
+    that a request is still waiting, so a silent server is never a silent hang.
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0,
                  max_retries: int = 3, backoff: float = 1.0, budget: TokenBudget | None = None,
-                 extra_body: dict[str, Any] | None = None, structured_output: str | None = "json_schema") -> None:
+                 extra_body: dict[str, Any] | None = None, structured_output: str | None = "json_schema",
+                 on_wait: Callable[[str], None] | None = None, notice_s: float = 15.0) -> None:
         import openai
 
         if structured_output not in STRUCTURED_OUTPUT:
@@ -165,10 +173,14 @@ class OpenAIClient(_Accounting):
         self._openai = openai
         self.base_url = base_url
         self.model = model
+        self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
         self.extra_body = extra_body
         self.retries = 0
+        self.on_wait, self.notice_s = on_wait, notice_s
+        self._deadline: float | None = None      # monotonic time, inside ``deadline()``
+        self._deadline_s = 0.0
         # Local servers need no key; the openai package insists on one, so pass a placeholder.
         api_key = os.environ.get(api_key_env) or "EMPTY"
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
@@ -182,6 +194,46 @@ class OpenAIClient(_Accounting):
             return err.status_code == 429 or err.status_code >= 500
         return False
 
+    @contextlib.contextmanager
+    def deadline(self, seconds: float | None) -> Iterator[None]:
+        """Every call in the block shares one deadline ``seconds`` from now (None: no deadline)."""
+        previous = self._deadline, self._deadline_s
+        if seconds is not None:
+            self._deadline, self._deadline_s = time.monotonic() + seconds, seconds
+        try:
+            yield
+        finally:
+            self._deadline, self._deadline_s = previous
+
+    def _left(self) -> float:
+        """Seconds left before the deadline (the plain timeout without one); LLMError once passed."""
+        if self._deadline is None:
+            return self.timeout
+        left = self._deadline - time.monotonic()
+        if left <= 0.05:
+            raise LLMError(f"LLM server {self.base_url} gave no answer within the proposal's deadline of "
+                           f"{self._deadline_s:g} s (evolution.llm.proposal_timeout_s, mutate --timeout)")
+        return min(self.timeout, left)
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """Says every ``notice_s`` seconds that the request is still waiting (a daemon ticker)."""
+        done = threading.Event()
+        t0 = time.monotonic()
+
+        def tick() -> None:
+            while not done.wait(self.notice_s):
+                limit = f" of {self._deadline_s:g} s" if self._deadline is not None else ""
+                self.on_wait(f"waiting for the LLM at {self.base_url}: {time.monotonic() - t0:.0f} s{limit}")
+
+        ticker = threading.Thread(target=tick, daemon=True) if self.on_wait else None
+        if ticker:
+            ticker.start()
+        try:
+            yield
+        finally:
+            done.set()
+
     def _schema_kwargs(self, json_schema: dict[str, Any] | None) -> dict[str, Any]:
         """How the server is asked to follow ``json_schema`` (see ``STRUCTURED_OUTPUT``)."""
         extra = dict(self.extra_body or {})
@@ -194,21 +246,27 @@ class OpenAIClient(_Accounting):
 
     def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7,
                  json_schema: dict[str, Any] | None = None) -> Completion:
+        self._left()   # a deadline already passed: no call, no budget spent
         self._before(messages, max_tokens)
         last: Exception | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                response = self._client.chat.completions.create(
-                    model=self.model, messages=messages, max_tokens=max_tokens, temperature=temperature,
-                    **self._schema_kwargs(json_schema),
-                )
+                with self._waiting():
+                    response = self._client.with_options(timeout=self._left()).chat.completions.create(
+                        model=self.model, messages=messages, max_tokens=max_tokens, temperature=temperature,
+                        **self._schema_kwargs(json_schema),
+                    )
                 break
             except self._openai.OpenAIError as err:
                 last = err
                 if not self._retryable(err) or attempt == self.max_retries:
                     raise LLMError(f"LLM request to {self.base_url} failed: {type(err).__name__}: {err}") from err
                 self.retries += 1
-                time.sleep(self.backoff * 2 ** attempt)
+                pause = self.backoff * 2 ** attempt
+                if pause >= self._left():   # no time left to wait and try again
+                    raise LLMError(f"LLM request to {self.base_url} failed: {type(err).__name__}: {err}; no time "
+                                   f"left for a retry within the proposal's deadline of {self._deadline_s:g} s") from err
+                time.sleep(pause)
         else:  # pragma: no cover - the loop always breaks or raises
             raise LLMError(f"LLM request failed: {last}")
         if not response.choices:
@@ -296,6 +354,13 @@ class LocalClient(_Accounting):
         if self._schema_constraint is None:
             self._schema_constraint = SchemaConstraint(tokenizer)
         return self._schema_constraint
+
+
+def proposal_deadline(client: Any, seconds: float | None) -> contextlib.AbstractContextManager:
+    """``client.deadline(seconds)`` for a client that keeps one; a no-op for others (the local model
+    generates a bounded ``max_tokens`` and cannot hang on a network)."""
+    fn = getattr(client, "deadline", None)
+    return fn(seconds) if callable(fn) else contextlib.nullcontext()
 
 
 def make_client(url: str | None = None, model: str | None = None, budget: TokenBudget | None = None,

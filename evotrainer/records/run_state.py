@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evotrainer.records.version import write_atomic
+from evotrainer.records.run_dir import RunDirError
+from evotrainer.records.version import read_json, write_atomic
 
 STAGES = ("train", "verify", "gate", "select", "propose")
 
@@ -54,8 +55,11 @@ def save_state(run_dir: str | Path, state: RunState) -> None:
 def load_state(run_dir: str | Path) -> RunState:
     path = state_path(run_dir)
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not an evotrainer run directory (state.json missing); "
-                                "start one with `evotrainer run CONFIG`")
-    data = json.loads(path.read_text())
+        raise RunDirError(f"{run_dir} is not an evotrainer run directory (state.json missing); "
+                          "start one with `evotrainer run CONFIG`")
+    data = read_json(path, "the run state")
     known = set(RunState.__dataclass_fields__)
-    return RunState(**{k: v for k, v in data.items() if k in known})
+    try:
+        return RunState(**{k: v for k, v in data.items() if k in known})
+    except TypeError as e:
+        raise RunDirError(f"{path}: not a run state ({e}); restore the file or start a new run") from None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from evotrainer.records.rollout import Rollout, load_rollouts
+from evotrainer.records.run_dir import RunDirError
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -32,6 +33,18 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from ``path``; a truncated or garbled file is an error that names it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise RunDirError(f"{path}: cannot read {what} ({e}); the file is damaged or truncated: "
+                         "restore it, or start a new run") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 @dataclass
@@ -67,10 +80,13 @@ class BranchVersion:
     def load(cls, version_dir: str | Path) -> "BranchVersion":
         path = Path(version_dir) / "meta.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{version_dir} is not a branch version directory (meta.json missing)")
-        data = json.loads(path.read_text())
+            raise RunDirError(f"{version_dir} is not a branch version directory (meta.json missing)")
+        data = read_json(path, "a version's record")
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as e:
+            raise RunDirError(f"{path}: not a version record ({e})") from None
 
 
 class VersionDir:

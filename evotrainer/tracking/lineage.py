@@ -6,7 +6,9 @@
   version's own metrics (held-out accuracy, ...) at the last step;
 * tags = ``evotrainer.*`` lineage (generation, operator, factor, validity, decision, status, all parents)
   and ``mlflow.parentRunId`` = the first parent's run, so the MLflow UI nests children under parents;
-* artifacts = genome.py, meta.json and the optional records (diff, intervention, health, backtest, decision).
+* artifacts = genome.py, meta.json and the optional records (diff, intervention, health, backtest, decision);
+* a run name and description (``tracking/view.py``) that say what the version is and what was decided,
+  and, with the plots, an experiment description holding the leaderboard.
 
 Recording is idempotent because a resumed loop calls it again for versions it recorded before a crash:
 the run is found by its ``evotrainer.version_id`` tag (set in the same call that creates the run, so a
@@ -29,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.records.version import BranchVersion, VersionDir
-from evotrainer.tracking.plots import fitness_plot, genealogy_plot
+from evotrainer.tracking.plots import fitness_plot, genealogy_plot, load_versions
+from evotrainer.tracking.view import NOTE, experiment_description, run_description, run_name
 
 TAG = "evotrainer."
 VERSION_TAG = TAG + "version_id"
@@ -146,6 +149,10 @@ class LineageTracker:
             tags[TAG + "violations"] = "; ".join(str(x.get("name", x)) for x in v.violations)[:4000]
         if parent_runs and parent_runs[0]:
             tags["mlflow.parentRunId"] = parent_runs[0]
+        tags[NOTE] = run_description(v)
+        name = run_name(v)
+        if existing.tags.get("mlflow.runName") != name:   # the name follows the version's fate
+            self.client.update_run(run_id, name=name)
         self._log_params(run_id, v.knobs, existing.params)
         self._log_steps(run_id, steps, v, existing.tags)
         self._log_version_metrics(run_id, v, existing.metrics, len(steps))
@@ -192,6 +199,8 @@ class LineageTracker:
         for f in files:
             self.client.log_artifact(run_id, str(f))
         self.client.set_terminated(run_id, "FINISHED")
+        self.client.set_experiment_tag(self.experiment_id, NOTE,
+                                       experiment_description(load_versions(self.run_dir), run_id))
         return run_id
 
     # ---- pieces --------------------------------------------------------------------------------------

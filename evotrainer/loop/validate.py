@@ -1,0 +1,149 @@
+"""Everything a config names is checked before any compute: ``validate_resources(cfg)``.
+
+``train`` and ``run`` call it first, so a typo in an operator name, a missing harness or data file,
+a level without enough problems, a model folder that does not exist, a device the machine lacks or
+a LoRA target the model does not have is one ``ConfigError`` naming the field, not a traceback an
+hour in (an unknown operator used to surface only after generation 0 had trained).
+
+It also holds the rule for ``sandbox: false``: hooks then run in the engine's own process with the
+user's rights, so that is allowed only for a harness the user wrote and named (after the same
+contract check), and never in a loop whose operators write code.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Callable
+
+from evotrainer.config import Config, ConfigError
+from evotrainer.domains import build_domain
+from evotrainer.genome.contract import check_contract
+from evotrainer.genome.errors import GenomeError
+from evotrainer.genome.program import HarnessProgram
+from evotrainer.loop.seed import seed_program
+from evotrainer.operators.registry import available_operators
+
+CODE_WRITING = ("llm_",)   # operator name prefixes whose children are code written by an LLM
+
+
+class InProcessHarnessWarning(UserWarning):
+    """Harness hooks run without the sandbox (``sandbox: false``)."""
+
+
+def validate_resources(cfg: Config, loop: bool, say: Callable[[str], None] | None = None) -> None:
+    """Raises ConfigError for the first thing ``cfg`` names that cannot be used; ``loop`` adds the
+    loop's own settings (operators). Loads no model weights and trains nothing. Warnings go to
+    ``say`` (else Python's warnings)."""
+    _harness(cfg, loop, say)
+    _knob_overrides(cfg)
+    _domain(cfg)
+    if loop:
+        _operators(cfg)
+    _device(cfg)
+    _model_and_lora(cfg)
+
+
+def _harness(cfg: Config, loop: bool, say: Callable[[str], None] | None) -> None:
+    if cfg.harness:
+        path = Path(cfg.harness)
+        if not path.is_file():
+            raise ConfigError(f"field 'harness': {path} does not exist; give the path of a harness file "
+                              "or remove the field for the reference harness")
+        try:
+            check_contract(HarnessProgram.from_file(path))
+        except (GenomeError, OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"field 'harness': {path}: {e}") from None
+    if cfg.sandbox:
+        return
+    if loop:
+        writers = sorted(n for n, w in _weights(cfg).items() if w > 0 and n.startswith(CODE_WRITING))
+        if writers:
+            raise ConfigError(f"field 'sandbox': false is refused while code-writing operators are configured "
+                              f"({', '.join(writers)}): their harnesses are untrusted and run only in the "
+                              "sandbox; set sandbox: true or drop those operators")
+    if cfg.harness:
+        msg = (f"warning: sandbox: false: the hooks of {cfg.harness} run in this process with your rights, "
+               "unsandboxed; use it only for a harness you wrote")
+        say(msg) if say else warnings.warn(msg, InProcessHarnessWarning, stacklevel=3)
+
+
+def _knob_overrides(cfg: Config) -> None:
+    seed_program(cfg)   # a grpo override outside the harness's knob space is a ConfigError naming it
+
+
+def _weights(cfg: Config) -> dict[str, float]:
+    ev = cfg.evolution
+    if ev.mode == "recipe-search":
+        return {"knobs": 1.0}
+    return {} if ev.mode == "reference" else dict(ev.operators)
+
+
+def _operators(cfg: Config) -> None:
+    weights = _weights(cfg)
+    known = available_operators()
+    unknown = [n for n in weights if n not in known]
+    if unknown:
+        raise ConfigError(f"field 'evolution.operators': unknown operator(s) {', '.join(map(repr, unknown))}; "
+                          f"known operators: {', '.join(known)}")
+    if weights and cfg.evolution.children_per_generation and not any(w > 0 for w in weights.values()):
+        raise ConfigError("field 'evolution.operators': every weight is 0; give at least one operator a weight > 0")
+
+
+def _domain(cfg: Config) -> None:
+    try:
+        domain = build_domain(cfg.domain)
+        for split in ("train", "heldout", "test"):
+            domain.tasks(split)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"field 'domain': {e} (see domain.difficulty, domain.n_train/n_heldout/n_test "
+                          "and domain.files)") from None
+
+
+def _device(cfg: Config) -> None:
+    import torch  # heavy: only commands that train pay for it, and they need it anyway
+
+    try:
+        device = torch.device(cfg.device)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"field 'device': {cfg.device!r} is not a torch device ({e}); use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise ConfigError(f"field 'device': {cfg.device!r} is not available here ({count} CUDA device(s)); "
+                              "use cpu or an index below the device count")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"field 'device': {cfg.device!r} is not available on this machine; use cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"field 'device': {cfg.device!r} is not supported; use cpu, cuda, cuda:N or mps")
+
+
+def _model_and_lora(cfg: Config) -> None:
+    """The model folder exists, and every LoRA target names a module of its architecture (checked on
+    an empty model on the meta device: no weights are read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from evotrainer.policy.base_model import EMBEDDED, TINY, ModelNotFoundError, embedded_model_dir, tiny_config
+
+    try:
+        if cfg.model == TINY:
+            arch = tiny_config(49152)
+        else:
+            folder = embedded_model_dir() if cfg.model == EMBEDDED else Path(cfg.model).expanduser()
+            if not (folder / "config.json").is_file():
+                raise ConfigError(f"field 'model': {cfg.model!r} is not a known name ({EMBEDDED}, {TINY}) nor a "
+                                  "local Hugging Face model folder with config.json; give a folder path")
+            arch = AutoConfig.from_pretrained(folder)
+    except (ModelNotFoundError, OSError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"field 'model': {cfg.model!r}: {e}") from None
+    with torch.device("meta"):
+        names = [n for n, _ in AutoModelForCausalLM.from_config(arch).named_modules() if n]
+    missing = [t for t in cfg.lora.target_modules
+               if t != "all-linear" and not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n in names if not n.rsplit(".", 1)[-1].isdigit()})
+        raise ConfigError(f"field 'lora.target_modules': {', '.join(map(repr, missing))} not in the model "
+                          f"{cfg.model!r}; its modules: {', '.join(leaves)}")

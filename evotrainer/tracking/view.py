@@ -1,0 +1,67 @@
+"""What a person reads in the MLflow UI: run names, run descriptions and the experiment's page.
+
+A run's name says what the version is and what became of it (``v0004 · gen 2 · knobs:
+learning_rate · promoted 0.417``), so the runs table reads as a genealogy without opening a run;
+its description (MLflow's ``mlflow.note.content``, Markdown) says where it came from, what it
+changed and why, and what the gate decided with its reasons. The experiment's description is the
+leaderboard and points at the genealogy plot logged to the summary run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evotrainer.records.version import BranchVersion
+
+NOTE = "mlflow.note.content"        # MLflow's description field, for runs and experiments alike
+
+
+def run_name(v: BranchVersion) -> str:
+    what = f"{v.operator}:{(v.factor or '?').split(':', 1)[-1]}" if v.operator else \
+        (v.factor or ("continued" if v.parents else "seed"))
+    score = v.heldout_accuracy
+    fate = "INVALID" if v.is_invalid else v.status
+    return f"{v.id} · gen {v.generation} · {what} · {fate}" + (f" {score:.3f}" if score is not None else "")
+
+
+def run_description(v: BranchVersion) -> str:
+    lines = [f"**{v.id}**, generation {v.generation}: "
+             + (f"a child by **{v.operator}** changing `{v.factor or '?'}`" if v.operator else
+                "a continuation" if v.parents else "the seed")
+             + (f" of {', '.join(v.parents)}" if v.parents else "") + "."]
+    iv: dict[str, Any] = v.intervention or {}
+    if iv.get("hypothesis"):
+        lines.append(f"- hypothesis: {iv['hypothesis']}")
+    if iv.get("expected_effect"):
+        lines.append(f"- expected: {_effect(iv['expected_effect'])}")
+    if v.heldout_accuracy is not None:
+        base = v.metrics.get("heldout_accuracy_before")
+        lines.append(f"- held-out accuracy: {v.heldout_accuracy:.3f}" + (f" (before {base:.3f})" if isinstance(
+            base, (int, float)) else ""))
+    lines.append(f"- status: **{'INVALID' if v.is_invalid else v.status}**")
+    for r in ((v.decision or {}).get("reasons") or [])[:6]:
+        lines.append(f"  - {r}")
+    for x in v.violations[:6]:
+        lines.append(f"  - violation {x.get('name', '?')}: {x.get('message', '')}")
+    return "\n".join(lines)
+
+
+def _effect(e: Any) -> str:
+    if isinstance(e, dict):
+        return " ".join(str(e[k]) for k in ("metric", "op", "value") if k in e) or str(e)
+    return str(e)
+
+
+def experiment_description(versions: list[BranchVersion], summary_run: str | None) -> str:
+    ranked = sorted(versions, key=lambda v: -(v.heldout_accuracy if v.heldout_accuracy is not None else -1))
+    lines = [f"{len(versions)} versions, {sum(v.is_invalid for v in versions)} invalid. "
+             "Run names read: id · generation · operator:factor · fate held-out score.", "",
+             "| version | gen | change | held-out | status |", "|---|---|---|---|---|"]
+    for v in ranked:
+        score = f"{v.heldout_accuracy:.3f}" if v.heldout_accuracy is not None else "-"
+        change = f"{v.operator}/{v.factor}" if v.operator else (v.factor or ("continued" if v.parents else "seed"))
+        lines.append(f"| {v.id} | {v.generation} | {change} | {score} | {'INVALID' if v.is_invalid else v.status} |")
+    if summary_run:
+        lines += ["", f"Genealogy plot: artifacts `genealogy.png` / `genealogy.html` of the run `genealogy` "
+                      f"({summary_run})."]
+    return "\n".join(lines)
