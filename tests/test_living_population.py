@@ -57,7 +57,7 @@ def run(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("EVOTRAINER_HOME", str(home))
     run_dir = tmp_path_factory.mktemp("pop") / "run"
-    cfg = tiny_cfg(run_dir, population_size=3, generations=3, children_per_generation=2, operators={"knobs": 1.0},
+    cfg = tiny_cfg(run_dir, population_size=3, generations=3, children_per_generation=1, operators={"knobs": 1.0},
                    user_skills=True, knobs_startup_trials=1)
     exp = Experiment(parse_config(cfg))
     exp.run()
@@ -71,7 +71,9 @@ def test_tied_children_become_branches_of_their_own(run):
     # A child that tied its control was kept and continued in the next generation as a branch.
     continued = [m for m in metas if m.operator is None and m.parents and m.parents[0] in children]
     assert continued, {m.id: (m.operator, m.parents, m.status) for m in metas}
-    assert max(len(run.generation_versions(g)) for g in range(3)) > 3   # more than one lineage + 2 children
+    # Two lineages continue side by side in the last generation (plus its new child): not one lineage.
+    last = [run.vdir(v).meta() for v in run.generation_versions(2)]
+    assert len([m for m in last if m.operator is None]) >= 2, [(m.id, m.operator, m.parents) for m in last]
 
 
 def test_tpe_is_told_the_paired_delta_against_the_control(run):
