@@ -1,0 +1,1 @@
+"""The SWE domain: repository-level bug fixing (generated repositories or SWE-bench-format instances)."""
