@@ -23,6 +23,7 @@ from typing import Any
 
 from evotrainer.domains.base import Domain
 from evotrainer.domains.code.executor import CodeExecutor, ExecLimits
+from evotrainer.domains.swe.environment import EnvLimits, SWEEnvironment
 from evotrainer.domains.swe.generator import LEVELS, make_split
 from evotrainer.domains.swe.loader import load_swebench, read_tree
 from evotrainer.domains.swe.patching import PatchError, apply_patch, protected
@@ -102,6 +103,11 @@ class SWEDomain(Domain):
         base = self.repo_files(task)
         kept = {p: t for p, t in files.items() if not protected(p)} | {p: t for p, t in base.items() if protected(p)}
         return apply_patch(kept, task.hidden["test_patch"])[0]
+
+    def environment(self, task: Task, limits: EnvLimits | None = None) -> SWEEnvironment:
+        """A tool environment over a scratch copy of the task's repository (and its history: the
+        leak channel, present only in leaky train repositories)."""
+        return SWEEnvironment(self.repo_files(task), task.visible.get("history"), self.executor, limits)
 
     @property
     def executor(self) -> CodeExecutor:
