@@ -96,6 +96,15 @@ def test_a_hanging_patch_times_out_in_the_sandbox(domain):
     assert not res["resolved"] and {r["verdict"] for r in res["fail_to_pass"].values()} <= {"timeout", "runtime_error"}
 
 
+@pytest.mark.parametrize("code", ["import os\nos._exit(0)\n", "raise SystemExit(0)\n"])
+def test_a_patch_that_ends_the_process_early_is_not_a_pass(domain, code):
+    task = domain.tasks("train")[0]
+    init = f"{task.visible['package']}/__init__.py"
+    res = domain.verify(task, task.answer + _edit(task, init, '"""\n', '"""\n' + code))
+    assert res["patch_applied"] and not res["resolved"]
+    assert not any(r["passed"] for r in res["fail_to_pass"].values())
+
+
 def test_extract_patch_methods():
     assert extract_patch("```diff\n--- a/x\n+++ b/x\n```")[1] == "fenced"
     assert extract_patch("so:\ndiff --git a/x b/x\n--- a/x\n")[0].startswith("diff --git")

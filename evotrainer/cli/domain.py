@@ -127,7 +127,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise _Fail(f"cannot read the completion file {args.completion}: {e.strerror}") from None
         full = domain.verify_full(task, completion)
     except (_Fail, ValueError) as e:
-        print(f"error: {e}")
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         _close(domain)
         return 1
     if args.name == "swe":

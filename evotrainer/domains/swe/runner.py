@@ -40,6 +40,8 @@ for _path, _text in FILES.items():
         _f.write(_text)
 del _path, _text
 sys.path.insert(0, os.getcwd())
+if os.path.isdir("src"):   # a src/ layout: the package lives one level down
+    sys.path.insert(0, os.path.join(os.getcwd(), "src"))
 importlib.invalidate_caches()
 '''
 
