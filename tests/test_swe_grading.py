@@ -79,6 +79,19 @@ def test_an_always_equal_object_cannot_forge_the_hidden_grade(domain):
                   f"def {func}(*args, **kwargs):\n    return _Any()\n")
     res = domain.verify(task, diff_files(task.visible["files"], {**task.visible["files"], module: hack}))
     assert res["patch_applied"] and not res["resolved"]
+    assert any(f.startswith(f"{module}: eq_override") for f in res["tamper"])
+    assert domain.verify(task, task.answer)["tamper"] == []
+
+
+def test_a_batch_is_graded_in_one_run_in_order(domain):
+    tasks = domain.tasks("train") + domain.tasks("heldout")
+    wrong = tasks[1].answer
+    res = domain.verify_batch(tasks, [t.answer if i != 1 else "" for i, t in enumerate(tasks)])
+    assert [r["resolved"] for r in res] == [i != 1 for i in range(len(tasks))]
+    assert set(res[0]["fail_to_pass"]) == set(tasks[0].hidden["FAIL_TO_PASS"])
+    assert not domain.verify(tasks[0], wrong)["resolved"]   # another task's fix does not apply or fix this one
+    with pytest.raises(ValueError, match="2 tasks but 1 completions"):
+        domain.verify_batch(tasks[:2], [""])
 
 
 def test_a_patch_that_does_not_apply_is_a_verdict(domain):

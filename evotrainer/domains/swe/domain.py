@@ -23,6 +23,7 @@ from typing import Any
 
 from evotrainer.domains.base import Domain
 from evotrainer.domains.code.executor import CodeExecutor, ExecLimits
+from evotrainer.domains.code.hacks import static_flags
 from evotrainer.domains.swe.environment import EnvLimits, SWEEnvironment
 from evotrainer.domains.swe.generator import LEVELS, make_split
 from evotrainer.domains.swe.loader import load_swebench, read_tree
@@ -122,37 +123,70 @@ class SWEDomain(Domain):
 
     # -- grading -------------------------------------------------------------------------------
     def verify(self, task: Task, completion: str) -> dict[str, Any]:
-        return self.verify_full(task, completion, visible=False)["hidden"]
+        return self.verify_batch([task], [completion])[0]
+
+    def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[dict[str, Any]]:
+        if len(tasks) != len(completions):
+            raise ValueError(f"{self.name}: {len(tasks)} tasks but {len(completions)} completions")
+        return [f["hidden"] for f in self._grade(tasks, completions, visible=False)]
 
     def verify_full(self, task: Task, completion: str, visible: bool = True) -> dict[str, Any]:
+        """The hidden grade and (``visible``) the repository's own tests, with the patch and how
+        it was read (what ``evotrainer domain verify swe`` prints)."""
+        return self._grade([task], [completion], visible)[0]
+
+    def _grade(self, tasks: Sequence[Task], completions: Sequence[str], visible: bool) -> list[dict[str, Any]]:
+        """Every sandbox run of the batch goes to the executor at once (its workers in parallel)."""
+        preps = [self._prepare(t, c, visible) for t, c in zip(tasks, completions)]
+        runnable = [job for p in preps if p["runnable"] for job in p["jobs"]]
+        done = iter(run_many(self.executor, runnable) if runnable else [])
+        return [self._assemble(t, p, [next(done) for _ in p["jobs"]] if p["runnable"] else [
+            {i: {"passed": False, "verdict": "not_run", "detail": p["error"] or "no patch"} for i in ids}
+            for _, ids in p["jobs"]]) for t, p in zip(tasks, preps)]
+
+    def _prepare(self, task: Task, completion: str, visible: bool) -> dict[str, Any]:
         patch, method = extract_patch(completion)
         base = self.repo_files(task)
-        out: dict[str, Any] = {"method": method, "format_ok": method != "none", "patch": patch}
         try:
             patched, ignored = apply_patch(base, patch, drop_protected=True)
             error = ""
         except PatchError as e:
             patched, ignored, error = base, [], str(e)
-        f2p, p2p = task.hidden["FAIL_TO_PASS"], task.hidden["PASS_TO_PASS"]
-        ids = list(f2p) + list(p2p)
+        ids = list(task.hidden["FAIL_TO_PASS"]) + list(task.hidden["PASS_TO_PASS"])
         graded = self.hidden_files(task, patched)
         if "tests" in task.hidden:
             jobs = [(checker_program(graded, [task.hidden["tests"][i] for i in ids]), ids)]
         else:
             jobs = [(runner_program(graded, ids), ids)]
-        shown = collect_tests(patched) if visible else []
         if visible:   # the patch's test edits were left out: these are the repository's own tests
+            shown = collect_tests(patched)
             jobs.append((runner_program(patched, shown), shown))
-        results = run_many(self.executor, jobs) if patch and not error else [
-            {i: {"passed": False, "verdict": "not_run", "detail": error or "no patch"} for i in j[1]} for j in jobs]
+        return {"patch": patch, "method": method, "error": error, "ignored": ignored, "jobs": jobs,
+                "runnable": bool(patch) and not error, "tamper": _tamper(base, patched)}
+
+    def _assemble(self, task: Task, prep: dict[str, Any], results: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+        f2p, p2p = task.hidden["FAIL_TO_PASS"], task.hidden["PASS_TO_PASS"]
         hid = results[0]
-        resolved = bool(f2p) and all(hid[i]["passed"] for i in ids)
-        out["hidden"] = {"correct": resolved, "resolved": resolved, "format_ok": method != "none",
-                         "patch_applied": bool(patch) and not error, "patch_error": error, "ignored_paths": ignored,
+        resolved = bool(f2p) and all(hid[i]["passed"] for i in [*f2p, *p2p])
+        fmt = prep["method"] != "none"
+        out: dict[str, Any] = {"method": prep["method"], "format_ok": fmt, "patch": prep["patch"]}
+        out["hidden"] = {"correct": resolved, "resolved": resolved, "format_ok": fmt, "patch_applied": prep["runnable"],
+                         "patch_error": prep["error"], "ignored_paths": prep["ignored"], "tamper": prep["tamper"],
                          "fail_to_pass": {i: hid[i] for i in f2p}, "pass_to_pass": {i: hid[i] for i in p2p},
-                         "passed": sum(r["passed"] for r in hid.values()), "total": len(ids)}
-        if visible:
+                         "passed": sum(r["passed"] for r in hid.values()), "total": len(hid)}
+        if len(results) > 1:
             vis = results[1]
             out["visible"] = {"correct": bool(vis) and all(r["passed"] for r in vis.values()),
                               "passed": sum(r["passed"] for r in vis.values()), "total": len(vis), "tests": vis}
         return out
+
+
+def _tamper(base: dict[str, str], patched: dict[str, str]) -> list[str]:
+    """The code domain's static hack flags that the patch *added* (an ``__eq__`` override, patched
+    builtins, exits, risky imports): for validity checks and reports, never for the verdict."""
+    flags: list[str] = []
+    for path, text in sorted(patched.items()):
+        if path.endswith(".py") and text != base.get(path):
+            before = set(static_flags(base.get(path, ""), "function"))
+            flags += [f"{path}: {f}" for f in static_flags(text, "function") if f not in before]
+    return flags
