@@ -106,7 +106,8 @@ def test_a_hanging_patch_times_out_in_the_sandbox(domain):
     task = domain.tasks("train")[0]
     module = f"{task.visible['package']}/{task.hidden['bug']['module']}.py"
     res = domain.verify(task, task.answer + _edit(task, module, '"""\n', '"""\nimport time\ntime.sleep(60)\n'))
-    assert not res["resolved"] and {r["verdict"] for r in res["fail_to_pass"].values()} <= {"timeout", "runtime_error"}
+    verdicts = [r["verdict"] for r in [*res["fail_to_pass"].values(), *res["pass_to_pass"].values()]]
+    assert not res["resolved"] and verdicts[0] == "timeout" and set(verdicts[1:]) <= {"timeout", "not_run"}
 
 
 @pytest.mark.parametrize("code", ["import os\nos._exit(0)\n", "raise SystemExit(0)\n"])

@@ -9,6 +9,8 @@ expected values come from running the correct code, never from hand-written answ
 
 from __future__ import annotations
 
+_ITEMS = [["apple", 3], ["pear", 0], ["fig", 7]]
+
 TEMPLATES: dict[str, dict] = {
     "stats": {
         "source": '''"""Small statistics helpers."""
@@ -215,6 +217,133 @@ def cell_index(row, col, width=4):
             "bounding_box": [[[[1, 2], [3, 0], [2, 5]]], [[[0, 0]]], [[[-1, 4], [6, -2]]]],
             "inside": [[[1, 1], [0, 0, 2, 2]], [[3, 1], [0, 0, 2, 2]], [[2, 2], [0, 0, 2, 2]], [[0, 5], [0, 0, 9, 4]]],
             "cell_index": [[0, 0], [1, 2], [2, 3, 5], [0, 4], [3, 1, 2]],
+        },
+    },
+    "inventory": {
+        "source": '''"""Stock levels: items are [name, units] pairs."""
+
+
+def _stock(items, name):
+    for item in items:
+        if item[0] == name:
+            return item[1]
+    return 0
+
+
+def in_stock(items, name):
+    return _stock(items, name) > 0
+
+
+def restock(items, name, amount=5):
+    out = []
+    for item in items:
+        if item[0] == name:
+            out.append([item[0], item[1] + amount])
+        else:
+            out.append(list(item))
+    return out
+
+
+def total_units(items):
+    return sum(item[1] for item in items)
+
+
+def low_stock(items, threshold=3):
+    return [item[0] for item in items if _stock(items, item[0]) < threshold]
+''',
+        "cases": {
+            "in_stock": [[_ITEMS, "apple"], [_ITEMS, "pear"], [_ITEMS, "kiwi"], [_ITEMS, "fig"]],
+            "restock": [[_ITEMS, "pear"], [_ITEMS, "fig", 2], [[], "x"]],
+            "total_units": [[_ITEMS], [[]], [[["a", 1]]]],
+            "low_stock": [[_ITEMS], [_ITEMS, 8], [[], 2], [[["a", 3]]]],
+        },
+    },
+    "scores": {
+        "source": '''"""Exam scores and grades."""
+
+
+def _percent(part, whole):
+    if whole == 0:
+        return 0.0
+    return round(100 * part / whole, 1)
+
+
+def grade(score, total=100):
+    p = _percent(score, total)
+    if p >= 90:
+        return "A"
+    if p >= 75:
+        return "B"
+    if p >= 50:
+        return "C"
+    return "F"
+
+
+def pass_rate(scores, cutoff=50):
+    passed = [s for s in scores if s >= cutoff]
+    return _percent(len(passed), len(scores))
+
+
+def top_k(scores, k=2):
+    return sorted(scores, reverse=True)[:k]
+
+
+def _spread(values):
+    return max(values) - min(values)
+
+
+def spread(scores):
+    if len(scores) < 2:
+        return 0
+    return _spread(scores)
+''',
+        "cases": {
+            "grade": [[95], [80], [60], [10], [45, 50], [9, 10]],
+            "pass_rate": [[[40, 60, 80]], [[]], [[50, 49]], [[30, 70], 70]],
+            "top_k": [[[3, 9, 1, 7]], [[5]], [[4, 8, 6], 1], [[1, 2, 3], 3]],
+            "spread": [[[3, 9, 1]], [[5]], [[2, 2, 4]]],
+        },
+    },
+    "timefmt": {
+        "source": '''"""Clock times and durations."""
+
+
+def _two(n):
+    if n < 10:
+        return "0" + str(n)
+    return str(n)
+
+
+def clock(minutes):
+    hours = minutes // 60 % 24
+    return _two(hours) + ":" + _two(minutes % 60)
+
+
+def duration(seconds):
+    mins = seconds // 60
+    secs = seconds - mins * 60
+    return str(mins) + "m" + _two(secs) + "s"
+
+
+def add_minutes(hhmm, delta=30):
+    h, m = hhmm.split(":")
+    return clock(int(h) * 60 + int(m) + delta)
+
+
+def _is_leap(year):
+    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+
+
+def days_in_year(year):
+    if _is_leap(year):
+        return 366
+    return 365
+''',
+        "cases": {
+            "clock": [[0], [75], [1439], [1500], [9]],
+            "duration": [[125], [59], [3600], [61]],
+            "add_minutes": [["10:15"], ["23:45"], ["00:00", 5], ["09:50", 20]],
+            "days_in_year": [[2024], [2023], [1900], [2000]],
         },
     },
 }
