@@ -147,6 +147,12 @@ def test_swebench_instance_graded_with_its_test_patch(swebench_dir):  # noqa: F8
         assert not bad["resolved"] and bad["ignored_paths"] == ["tests/test_ops.py"]
         detail = bad["fail_to_pass"]["tests/test_ops.py::TestAdd::test_two"]["detail"]
         assert detail.startswith("FAILED tests/test_ops.py:") and "add(1, 1) == 2" in detail
+        env = d.environment(task)   # the tools work over the clone's files at base_commit
+        assert "calc/ops.py" in env.call("list_files", {}) and env.call("git_log", {}) == "no history"
+        env.call("edit", {"path": "calc/ops.py", "search": "a - b", "replace": "a + b"})
+        assert env.call("run_tests", {}) == "1 passed, 0 failed"
+        env.call("submit", {})
+        assert d.verify(task, env.submitted)["resolved"]
     finally:
         d.close()
 
@@ -165,3 +171,15 @@ def test_cli_show_and_verify(tmp_path, capsys):
     assert set(report["hidden"]["fail_to_pass"]) == set(task.hidden["FAIL_TO_PASS"])
     assert main(["domain", "verify", "swe", "--task", "swe/none", str(patch)]) == 1
     assert capsys.readouterr().out.startswith("error: no task 'swe/none'")
+
+
+def test_cli_builds_swe_from_a_config(tmp_path, capsys):
+    cfg = tmp_path / "swe.yaml"
+    cfg.write_text("domain:\n  name: swe\n  difficulty: [3]\n  n_train: 2\n  n_heldout: 1\n  n_test: 1\n"
+                   "  leak_share: 1.0\n")
+    assert main(["domain", "show", "swe", "--config", str(cfg), "--json", "--n", "0"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert len(shown) == 2 and all(s["difficulty"] == 3 and s["leaky"] for s in shown)
+    assert main(["domain", "show", "swe", "--config", str(cfg), "--split", "test"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("swe test: 1 of 1 tasks") and "has an open issue" in out

@@ -11,7 +11,9 @@ change to tests, conftest, test configuration or interpreter start-up files left
 FAIL_TO_PASS and PASS_TO_PASS run in the sandbox. ``correct`` (resolved) only when every one of
 them ran and passed; a patch that does not apply, or a run whose tests did not execute, is not a
 pass. ``verify_full`` adds the *visible* outcome, the repository's own tests as the policy sees
-them, with the same patch. Verdicts never raise on any completion.
+them, with the same patch. Verdicts never raise on any completion. The verdict is the same on
+every split (SWE rewards are the tests' verdict, as in SWE-bench); whether a harness may see it
+is the engine's decision by split, as for every domain.
 """
 
 from __future__ import annotations
