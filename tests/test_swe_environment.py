@@ -83,6 +83,7 @@ def test_edit_view_diff_run_tests_and_submit(domain, task):
     (call("edit", path="README.md", search="", replace="x"), "README.md exists"),
     (call("edit", path="README.md", search="e", replace="x"), "found"),
     (call("run_tests", tests=["tests/none.py"]), "no tests match"),
+    (call("run_tests", tests=7), "tests must be a list"),
 ])
 def test_malformed_calls_get_an_error_back(domain, task, text, message):
     env = domain.environment(task)
@@ -97,6 +98,15 @@ def test_a_hanging_test_run_is_cut_by_the_sandbox(domain, task):
                   replace="import time\n\n\ndef test_slow():\n    time.sleep(30)\n"))
     out, rec = env.step(call("run_tests", tests=["tests/test_slow.py"]))
     assert out.startswith("0 passed, 1 failed") and "timeout" in out and rec["seconds"] < 10
+
+
+def test_a_test_file_that_does_not_parse_is_reported(domain, task):
+    env = domain.environment(task)
+    env.step(call("edit", path="tests/test_bad.py", search="", replace="def test_x(:\n"))
+    out, _ = env.step(call("run_tests", tests=["tests/test_bad.py"]))
+    assert out.startswith("error: tests/test_bad.py: cannot collect: SyntaxError")
+    out, _ = env.step(call("run_tests"))
+    assert ", 0 failed" in out and out.splitlines()[-1].startswith("tests/test_bad.py: cannot collect")
 
 
 def test_results_are_cut_to_the_limit(domain, task):

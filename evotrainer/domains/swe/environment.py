@@ -188,19 +188,22 @@ class SWEEnvironment:
         return f"edited {clean}"
 
     def _tool_run_tests(self, tests: list[str] | str | None = None) -> str:
-        every = collect_tests(self.files)
-        wanted = [tests] if isinstance(tests, str) else list(tests or [])
-        if not all(isinstance(t, str) for t in wanted):
+        broken: list[str] = []
+        every = collect_tests(self.files, broken)
+        wanted = [] if tests is None else [tests] if isinstance(tests, str) else tests
+        if not isinstance(wanted, list) or not all(isinstance(t, str) for t in wanted):
             raise ToolError("tests must be a list of test ids or file paths")
         ids = [t for t in every if not wanted or any(t == w or t.startswith(w.rstrip(":") + "::") for w in wanted)]
+        broken = [b for b in broken if not wanted or any(b.startswith(w.split("::")[0] + ":") for w in wanted)]
         if not ids:
-            raise ToolError(f"no tests match {wanted}" if wanted else "the repository has no tests")
+            raise ToolError("; ".join(broken) if broken else f"no tests match {wanted}" if wanted
+                            else "the repository has no tests")
         (res,) = run_many(self.executor, [(runner_program(self.files, ids), ids)])
         # wrong_answer carries the test's own failure text; other verdicts (timeout, ...) are named
         failed = [f"{tid}: {r['detail'] if r['verdict'] == 'wrong_answer' else r['verdict'] + ': ' + r['detail']}"
                   for tid, r in res.items() if not r["passed"]]
         summary = f"{len(ids) - len(failed)} passed, {len(failed)} failed"
-        return summary + ("\n" + "\n".join(failed) if failed else "")
+        return summary + "".join("\n" + line for line in failed + broken)
 
     def _tool_view_diff(self) -> str:
         return self.diff() or "no changes"

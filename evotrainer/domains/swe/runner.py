@@ -119,9 +119,10 @@ def runner_program(files: dict[str, str], test_ids: Sequence[str]) -> Program:
     return Program(_source(files, _RUN), "function", tests, "run_test")
 
 
-def collect_tests(files: dict[str, str]) -> list[str]:
+def collect_tests(files: dict[str, str], errors: list[str] | None = None) -> list[str]:
     """Ids of the tests in a repository's test files (``path::func``, ``path::Class::method``),
-    read from the source without running it; a file that does not parse contributes none."""
+    read from the source without running it; a file that does not parse contributes none (and a
+    line to ``errors``, when given)."""
     ids: list[str] = []
     for path in sorted(files):
         name = path.rsplit("/", 1)[-1]
@@ -129,7 +130,9 @@ def collect_tests(files: dict[str, str]) -> list[str]:
             continue
         try:
             tree = ast.parse(files[path])
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError) as e:
+            if errors is not None:
+                errors.append(f"{path}: cannot collect: {type(e).__name__}: {e}")
             continue
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
