@@ -24,13 +24,13 @@ class _Section(BaseModel):
 
 
 # Difficulty levels each domain accepts (code: 1-3 generated function tasks, 4 HumanEval).
-DOMAIN_LEVELS = {"math": (1, 2, 3, 4, 5), "code": (1, 2, 3, 4)}
+DOMAIN_LEVELS = {"math": (1, 2, 3, 4, 5), "code": (1, 2, 3, 4), "swe": (1, 2, 3)}
 
 
 class DomainConfig(_Section):
-    name: Literal["math", "code"] = "math"
+    name: Literal["math", "code", "swe"] = "math"
     difficulty: int | list[int] = Field(default_factory=lambda: [1, 2],
-                                        description="difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval")
+                                        description="difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval; swe 1-3")
     n_train: int | None = Field(256, ge=1, le=1_000_000)
     n_heldout: int | None = Field(64, ge=1, le=1_000_000)
     n_test: int | None = Field(64, ge=1, le=1_000_000)

@@ -37,7 +37,7 @@ def test_verify_prints_both_outcomes_with_per_test_verdicts(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["domain", "show", "swe"], "unknown domain 'swe'"),
+    (["domain", "show", "nosuch"], "unknown domain 'nosuch'"),
     (["domain", "show", "code", "--difficulty", "7"], "code difficulty must be in"),
     (["domain", "show", "code", "--difficulty", "one"], "--difficulty must be integers"),
     (["domain", "verify", "code", "--task", "HumanEval/9999", "x.txt"], "no task 'HumanEval/9999'"),

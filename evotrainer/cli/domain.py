@@ -3,6 +3,8 @@
     domain show NAME [--split S] [--n K] [--json]        tasks with their ids (every registered domain)
     domain verify code --task ID COMPLETION_FILE         JSON: visible and hidden outcomes, per-test
                                                          verdicts, tamper flags; exit 0 when grading ran
+    domain verify swe --task ID PATCH_FILE               JSON: visible tests and the hidden grade (resolved,
+                                                         fail-to-pass and pass-to-pass results)
 
 The domain is built from ``--config FILE`` (its ``domain:`` section) or from ``--difficulty`` and
 ``--seed`` over the domain's defaults; a ``HumanEval/N`` id is looked up in all of HumanEval.
@@ -84,7 +86,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"error: {e}")
         return 1
     shown = tasks if args.n <= 0 else tasks[: args.n]
-    if args.json:
+    if args.json and args.name == "swe":
+        print(json.dumps([_swe_summary(domain, t) for t in shown], indent=2))
+    elif args.json:
         print(json.dumps([t.to_dict(include_hidden=False) for t in shown], indent=2))
     else:
         print(f"{args.name} {args.split}: {len(shown)} of {len(tasks)} tasks")
@@ -92,6 +96,12 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(_summary(t))
     _close(domain)
     return 0
+
+
+def _swe_summary(domain: Domain, t: Task) -> dict[str, Any]:
+    """A repository task without its hidden data: the issue and the file list (not the history)."""
+    return {"id": t.id, "split": t.split, "difficulty": t.difficulty, "issue": t.prompt,
+            "files": sorted(domain.repo_files(t)), "leaky": bool(t.visible.get("leaky"))}  # type: ignore[attr-defined]
 
 
 def _with_tests(outcome: dict[str, Any], tests: list[Any]) -> dict[str, Any]:
@@ -116,10 +126,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         except OSError as e:
             raise _Fail(f"cannot read the completion file {args.completion}: {e.strerror}") from None
         full = domain.verify_full(task, completion)
-    except _Fail as e:
-        print(f"error: {e}")
+    except (_Fail, ValueError) as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         _close(domain)
         return 1
+    if args.name == "swe":
+        print(json.dumps({"task": task.id, "split": task.split} | full, indent=2))
+        _close(domain)
+        return 0
     report = {"task": task.id, "split": task.split, "method": full["method"], "format_ok": full["format_ok"],
               "visible": _with_tests(full["visible"], task.visible["tests"]),
               "hidden": _with_tests(full["hidden"], task.hidden["tests"]), "tamper": full["tamper"],

@@ -17,6 +17,7 @@ from evotrainer.domains.task import SPLITS, Task, text_key
 _REGISTRY: dict[str, str | Callable[..., Domain]] = {
     "math": "evotrainer.domains.math.domain:MathDomain",
     "code": "evotrainer.domains.code.domain:CodeDomain",
+    "swe": "evotrainer.domains.swe.domain:SWEDomain",
 }
 
 

@@ -1,0 +1,201 @@
+"""A seeded generator of small Python repositories with one injected bug each (the generated SWE tasks).
+
+A repository is a package of three modules drawn from ``templates`` and a test folder. One module
+carries one bug from the catalogue (``mutations``). The generator runs the correct and the buggy
+module (its own code: trusted, and unable to hang, see ``templates``) on every test input, keeps a
+mutation only when some test fails and others pass, and from that writes:
+
+- ``FAIL_TO_PASS``: the tests the bug breaks; ``PASS_TO_PASS``: every other test of the repository;
+- the visible tests (``tests/test_<module>.py`` without the failing cases, as in SWE-bench, where the
+  failing tests arrive with the fix) and the hidden ones (all cases), restored at grading;
+- an issue written from the failing behaviour; the fix as a unified diff (the task's answer).
+
+Levels: 1 the issue names the file and the function and the fix is one token (operator,
+comparison, constant); 2 the issue names the function only and the bug is any kind; 3 the issue
+describes behaviour only and the bug is in a helper the failing function calls. Splits are disjoint
+by bug (module, function, kind, site): a bug is assigned to one split by a hash of its key, so no
+seed or size can put a held-out bug into train. A share ``leak_share`` of *train* repositories keep
+a history whose last commit is the fix (``git log -p`` shows it); other repositories' history is
+the initial import only.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from evotrainer.domains.swe.patching import diff_files
+from evotrainer.domains.swe.mutations import ONE_TOKEN, Mutation, callers, mutations
+from evotrainer.domains.swe.templates import PACKAGES, TEMPLATES
+from evotrainer.domains.task import Task
+
+LEVELS = (1, 2, 3)
+BUCKETS = {"train": range(0, 6), "heldout": range(6, 8), "test": range(8, 10)}
+
+
+@dataclass(frozen=True)
+class Bug:
+    module: str
+    mutation: Mutation
+    level: int
+    caller: str                                  # the public function the issue is about
+    failing: tuple[tuple[str, int], ...]         # (function, case index) pairs the bug breaks
+    observed: tuple[str, str, str]               # (call, what the buggy code does, what it should)
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}.{self.mutation.key}"
+
+
+@lru_cache(maxsize=512)
+def _namespace(source: str) -> dict[str, Any]:
+    """The module's globals, executed once (templates keep no state between calls)."""
+    ns: dict[str, Any] = {}
+    exec(compile(source, "module.py", "exec"), ns)
+    return ns
+
+
+def _run(source: str, func: str, args: list) -> tuple[bool, Any]:
+    ns = _namespace(source)
+    try:
+        return True, ns[func](*copy.deepcopy(args))
+    except Exception as e:  # noqa: BLE001 - a buggy template may raise anything; that is its behaviour
+        return False, f"{type(e).__name__}: {e}"
+
+
+def _call_text(func: str, args: list) -> str:
+    return f"{func}({', '.join(repr(a) for a in args)})"
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> tuple[Bug, ...]:
+    """Every catalogued mutation of every template that is a real bug, with its level."""
+    bugs: list[Bug] = []
+    for name, tpl in sorted(TEMPLATES.items()):
+        src, cases = tpl["source"], tpl["cases"]
+        calls = callers(src)
+        want = {(f, i): _run(src, f, a) for f, cs in cases.items() for i, a in enumerate(cs)}
+        for m in mutations(src):
+            buggy = m.apply(src)
+            try:
+                compile(buggy, "module.py", "exec")
+            except SyntaxError:
+                continue
+            got = {k: _run(buggy, k[0], cases[k[0]][k[1]]) for k in want}
+            failing = tuple(k for k in want if got[k] != want[k])
+            if not failing or len(failing) == len(want):
+                continue
+            helper = m.function.startswith("_")
+            if helper and not calls.get(m.function):
+                continue
+            level = 3 if helper else 1 if m.kind in ONE_TOKEN else 2
+            f, i = failing[0]
+            ok, value = got[(f, i)]
+            seen = repr(value) if ok else f"raises {value}"
+            bugs.append(Bug(name, m, level, f, failing, (_call_text(f, cases[f][i]), seen, repr(want[(f, i)][1]))))
+    return tuple(bugs)
+
+
+def split_of(bug: Bug) -> str:
+    bucket = int(hashlib.sha256(bug.key.encode()).hexdigest(), 16) % 10
+    return next(s for s, r in BUCKETS.items() if bucket in r)
+
+
+def _test_file(pkg: str, module: str, keep: set[tuple[str, int]] | None) -> str:
+    """tests/test_<module>.py with every case (``keep`` None) or only the kept ones."""
+    cases = TEMPLATES[module]["cases"]
+    funcs = sorted(f for f in cases if keep is None or any(k[0] == f for k in keep))
+    out = [f"from {pkg}.{module} import {', '.join(funcs)}\n"] if funcs else []
+    src = TEMPLATES[module]["source"]
+    for f in sorted(cases):
+        for i, args in enumerate(cases[f]):
+            if keep is not None and (f, i) not in keep:
+                continue
+            out.append(f"\n\ndef test_{f}_{i}():\n    assert {_call_text(f, args)} == {_run(src, f, args)[1]!r}\n")
+    return "".join(out)
+
+
+def _issue(bug: Bug, pkg: str) -> tuple[str, str]:
+    call, seen, want = bug.observed
+    seen = seen if seen.startswith("raises ") else f"gives `{seen}`"
+    path = f"{pkg}/{bug.module}.py"
+    if bug.level == 1:
+        title = f"`{bug.caller}` in `{path}` returns a wrong result"
+        body = f"`{bug.caller}` in `{path}` is wrong: `{call}` {seen}, but it should give `{want}`."
+    elif bug.level == 2:
+        title = f"`{bug.caller}` misbehaves"
+        body = f"The function `{bug.caller}` does not do what it should: `{call}` {seen}; expected `{want}`."
+    else:
+        title = f"Wrong result from {pkg}.{bug.module}"
+        body = (f"Using `{pkg}.{bug.module}`, running `from {pkg}.{bug.module} import {bug.caller}` and then `{call}` "
+                f"{seen}. I expected `{want}`.")
+    return title, body
+
+
+def _sha(*parts: str) -> str:
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()
+
+
+def build_task(bug: Bug, split: str, index: int, seed: int, leaky: bool) -> Task:
+    rng = random.Random(f"evotrainer-swe-{seed}-{split}-{index}")
+    pkg = rng.choice(PACKAGES)
+    others = rng.sample(sorted(set(TEMPLATES) - {bug.module}), 2)
+    modules = sorted([bug.module, *others])
+    clean = TEMPLATES[bug.module]["source"]
+    buggy = bug.mutation.apply(clean)
+    files = {f"{pkg}/__init__.py": f'"""{pkg}: small utilities ({", ".join(modules)})."""\n',
+             "README.md": f"# {pkg}\n\nModules: {', '.join(modules)}. Tests live in `tests/` "
+                          "(plain `test_*` functions with asserts).\n"}
+    hidden_files, tests, f2p, p2p = {}, {}, [], []
+    for mod in modules:
+        files[f"{pkg}/{mod}.py"] = buggy if mod == bug.module else TEMPLATES[mod]["source"]
+        cases = TEMPLATES[mod]["cases"]
+        broken = set(bug.failing) if mod == bug.module else set()
+        keep = {(f, i) for f in cases for i in range(len(cases[f]))} - broken
+        files[f"tests/test_{mod}.py"] = _test_file(pkg, mod, keep)
+        hidden_files[f"tests/test_{mod}.py"] = _test_file(pkg, mod, None)
+        for f in sorted(cases):
+            for i, args in enumerate(cases[f]):
+                tid = f"tests/test_{mod}.py::test_{f}_{i}"
+                tests[tid] = {"module": f"{pkg}.{mod}", "func": f, "args": args,
+                              "want": _run(TEMPLATES[mod]["source"], f, args)[1]}
+                (f2p if (f, i) in broken else p2p).append(tid)
+    title, body = _issue(bug, pkg)
+    path = f"{pkg}/{bug.module}.py"
+    fix = diff_files({path: buggy}, {path: clean})
+    init = _sha(pkg, *modules, str(index))
+    history = [{"commit": init, "message": "Initial import", "diff": ""}]
+    if leaky:
+        history.append({"commit": _sha(init, fix), "message": f"Fix {bug.caller}: {title}", "diff": fix})
+    tid = f"swe/L{bug.level}/{bug.key}/{split}-{index}"
+    prompt = f"Repository `{pkg}` has an open issue.\n\n## {title}\n\n{body}\n\nFix the bug with a patch."
+    return Task(id=tid, prompt=prompt, answer=fix, split=split, domain="swe", difficulty=bug.level,
+                visible={"files": files, "history": history, "issue": body, "title": title, "package": pkg,
+                         "leaky": leaky},
+                hidden={"tests": tests, "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "test_files": hidden_files,
+                        "bug": {"module": bug.module, "kind": bug.mutation.kind, "function": bug.mutation.function,
+                                "line": bug.mutation.line, "before": bug.mutation.before,
+                                "after": bug.mutation.after}})
+
+
+def make_split(split: str, n: int, levels: list[int], seed: int, leak_share: float = 0.0) -> list[Task]:
+    """``n`` tasks of one split, levels in equal shares, bugs cycled (with fresh repositories) when
+    ``n`` exceeds a level's pool; the leak only ever reaches train."""
+    pools = {lv: [b for b in catalogue() if b.level == lv and split_of(b) == split] for lv in levels}
+    for lv, pool in pools.items():
+        if not pool:
+            raise ValueError(f"swe level {lv} has no bugs in the {split} split")
+    rng = random.Random(f"evotrainer-swe-order-{seed}-{split}")
+    for pool in pools.values():
+        rng.shuffle(pool)
+    out = []
+    for i in range(n):
+        pool = pools[levels[i % len(levels)]]
+        bug = pool[(i // len(levels)) % len(pool)]
+        leaky = split == "train" and rng.random() < leak_share
+        out.append(build_task(bug, split, i, seed, leaky))
+    return out

@@ -1,0 +1,149 @@
+"""SWE tasks: the bug catalogue, generated repositories, splits, patches, and the SWE-bench loader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+
+import pytest
+
+from evotrainer.domains.swe.generator import catalogue, make_split, split_of
+from evotrainer.domains.swe.loader import load_swebench, read_tree
+from evotrainer.domains.swe.mutations import KINDS, mutations
+from evotrainer.domains.swe.patching import PatchError, apply_patch, diff_files, parse_patch, protected
+from evotrainer.domains.swe.templates import TEMPLATES
+
+
+def test_catalogue_covers_every_kind_and_level_with_real_bugs():
+    bugs = catalogue()
+    assert {b.mutation.kind for b in bugs} == set(KINDS)
+    assert {b.level for b in bugs} == {1, 2, 3}
+    for b in bugs:
+        assert b.failing, b.key
+        if b.level == 1:
+            assert b.mutation.kind in ("wrong_operator", "wrong_comparison", "off_by_one")
+        if b.level == 3:   # one call away: the bug is in a helper, the issue is about its caller
+            assert b.mutation.function.startswith("_") and not b.caller.startswith("_")
+
+
+def test_mutation_is_a_one_line_span_edit():
+    src = TEMPLATES["stats"]["source"]
+    for m in mutations(src):
+        new = m.apply(src)
+        diff = [ln for ln in diff_files({"m.py": src}, {"m.py": new}).splitlines()
+                if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+        assert len(diff) == 2 and m.before in src, m
+
+
+def test_splits_are_disjoint_by_bug_and_seeded():
+    splits = {s: make_split(s, 30, [1, 2, 3], seed=3) for s in ("train", "heldout", "test")}
+    keys = {s: {t.id.split("/")[2] for t in ts} for s, ts in splits.items()}
+    assert not keys["train"] & keys["heldout"] and not keys["train"] & keys["test"] and not keys["heldout"] & keys["test"]
+    assert Counter(t.difficulty for t in splits["train"]) == {1: 10, 2: 10, 3: 10}
+    again = make_split("train", 30, [1, 2, 3], seed=3)
+    assert [t.id for t in again] == [t.id for t in splits["train"]]
+    assert [t.visible["files"] for t in again] == [t.visible["files"] for t in splits["train"]]
+    assert all(split_of(b) in ("train", "heldout", "test") for b in catalogue())
+
+
+def test_task_repository_issue_and_tests():
+    t1, t2, t3 = make_split("train", 3, [1, 2, 3], seed=0)
+    path = f"{t1.visible['package']}/{t1.hidden['bug']['module']}.py"
+    assert path in t1.prompt and t1.hidden["bug"]["function"] in t1.prompt        # level 1 names file and function
+    assert t2.hidden["bug"]["function"] in t2.prompt and ".py" not in t2.prompt     # level 2: the function only
+    assert t3.hidden["bug"]["function"] not in t3.prompt                          # level 3: behaviour only
+    for t in (t1, t2, t3):
+        f2p, p2p = t.hidden["FAIL_TO_PASS"], t.hidden["PASS_TO_PASS"]
+        assert f2p and p2p and not set(f2p) & set(p2p)
+        visible = "".join(t.visible["files"][p] for p in t.visible["files"] if p.startswith("tests/"))
+        assert all(tid.split("::")[1] + "()" not in visible for tid in f2p)       # failing tests arrive hidden
+        assert all(tid.split("::")[1] + "()" in visible for tid in p2p)
+        fixed, _ = apply_patch(t.visible["files"], t.answer)
+        assert sum(fixed[p] != t.visible["files"][p] for p in fixed) == 1
+
+
+def test_leak_only_in_train_with_the_fix_in_history():
+    train = make_split("train", 20, [1, 2], seed=1, leak_share=0.5)
+    leaky = [t for t in train if t.visible["leaky"]]
+    assert 3 <= len(leaky) <= 17
+    assert all(t.visible["history"][-1]["diff"] == t.answer for t in leaky)
+    assert all(len(t.visible["history"]) == 1 and not t.visible["history"][0]["diff"] for t in train if t not in leaky)
+    held = make_split("heldout", 20, [1, 2], seed=1, leak_share=1.0)
+    assert not any(t.visible["leaky"] or t.visible["history"][-1]["diff"] for t in held)
+
+
+def test_patch_apply_offsets_creation_deletion_and_errors():
+    files = {"a.py": "x = 1\ny = 2\nz = 3\n", "b.py": "keep\n"}
+    new = {"a.py": "x = 1\ny = 20\nz = 3\n", "c.py": "fresh\n"}
+    patch = diff_files(files, new)
+    out, dropped = apply_patch(files, patch)
+    assert out == new and dropped == []
+    shifted, _ = apply_patch({"a.py": "# top\n# more\n" + files["a.py"], "b.py": "keep\n"}, patch)
+    assert shifted["a.py"] == "# top\n# more\n" + new["a.py"]
+    with pytest.raises(PatchError, match="does not apply to a.py"):
+        apply_patch({"a.py": "other\n", "b.py": "keep\n"}, patch)
+    with pytest.raises(PatchError, match="outside the repository"):
+        parse_patch("--- a/../etc/passwd\n+++ b/../etc/passwd\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(PatchError, match="no file patch"):
+        parse_patch("just prose")
+
+
+def test_protected_paths_are_left_out():
+    assert all(protected(p) for p in ("tests/test_a.py", "pkg/test_x.py", "conftest.py", "x/sitecustomize.py",
+                                      "usercustomize.py", "evil.pth", "setup.cfg", "pytest.ini", "a_test.py"))
+    assert not any(protected(p) for p in ("pkg/stats.py", "README.md", "pkg/testing_util_helpers.py"))
+    files = {"pkg/m.py": "a\n", "tests/test_m.py": "t\n"}
+    patch = diff_files(files, {"pkg/m.py": "b\n", "tests/test_m.py": "hacked\n", "pkg/x.pth": "import os\n"})
+    out, dropped = apply_patch(files, patch, drop_protected=True)
+    assert out == {"pkg/m.py": "b\n", "tests/test_m.py": "t\n"} and sorted(dropped) == ["pkg/x.pth", "tests/test_m.py"]
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def swebench_dir(tmp_path):
+    repo = tmp_path / "repos" / "acme__calc"
+    (repo / "calc").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "calc" / "__init__.py").write_text("")
+    (repo / "calc" / "ops.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "tests" / "test_ops.py").write_text("from calc.ops import add\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    files = read_tree(repo, base)
+    fix = diff_files(files, {**files, "calc/ops.py": "def add(a, b):\n    return a + b\n"})
+    test_patch = diff_files(files, {**files, "tests/test_ops.py": files["tests/test_ops.py"]
+                                    + "\n\nclass TestAdd:\n    def test_two(self):\n        assert add(1, 1) == 2\n"})
+    rec = {"instance_id": "acme__calc-1", "repo": "acme/calc", "base_commit": base, "patch": fix,
+           "test_patch": test_patch, "FAIL_TO_PASS": json.dumps(["tests/test_ops.py::TestAdd::test_two"]),
+           "PASS_TO_PASS": ["tests/test_ops.py::test_zero"], "problem_statement": "add(1, 1) is 0"}
+    (tmp_path / "train.jsonl").write_text(json.dumps(rec) + "\n")
+    return tmp_path, rec
+
+
+def test_swebench_loader_reads_instances_over_local_git(swebench_dir):
+    root, rec = swebench_dir
+    (task,) = load_swebench(root / "train.jsonl", "train")
+    assert task.id == "acme__calc-1" and task.answer == rec["patch"] and task.prompt == "add(1, 1) is 0"
+    assert task.hidden["FAIL_TO_PASS"] == ["tests/test_ops.py::TestAdd::test_two"]
+    assert "calc/ops.py" in read_tree(task.visible["repo_path"], task.visible["base_commit"])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: "{not json", "train.jsonl:2: not JSON"),
+    (lambda r: json.dumps({k: v for k, v in r.items() if k != "patch"}), "train.jsonl:2: missing patch"),
+    (lambda r: json.dumps(r | {"FAIL_TO_PASS": "[]"}), "train.jsonl:2: FAIL_TO_PASS is empty"),
+    (lambda r: json.dumps(r | {"repo": "acme/other"}), "train.jsonl:2: repository 'acme/other' not found"),
+    (lambda r: json.dumps(r | {"base_commit": "0" * 40}), "train.jsonl:2: "),
+])
+def test_swebench_loader_errors_name_file_and_line(swebench_dir, edit, message):
+    root, rec = swebench_dir
+    (root / "train.jsonl").write_text(json.dumps(rec) + "\n" + edit(rec) + "\n")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
+        load_swebench(root / "train.jsonl", "train")
+    assert "\n" not in str(info.value)
