@@ -11,6 +11,7 @@ stripped, so comments, formatting and docstrings do not make a new genome.
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -240,6 +241,5 @@ def strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def normalised_dump(node: ast.AST) -> str:
     """``ast.dump`` without docstrings or positions: what identity and factor comparison use."""
-    import copy
 
     return ast.dump(strip_docstrings(copy.deepcopy(node)))

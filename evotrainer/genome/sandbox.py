@@ -369,6 +369,7 @@ def _drain(fd: int, buf: bytearray, cap: int) -> None:
 
 def _bigger_pipe(fd: int) -> None:
     try:
+        # Linux-only (F_SETPIPE_SZ): a platform without it keeps the default pipe size
         import fcntl
 
         fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer wake-ups for big batches

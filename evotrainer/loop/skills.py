@@ -218,6 +218,7 @@ class SkillLibrary:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
             try:
+                # POSIX-only: without it the library is written without a cross-process lock
                 import fcntl
                 fcntl.flock(lock, fcntl.LOCK_EX)
             except ImportError:             # no POSIX locks (Windows): single writer assumed

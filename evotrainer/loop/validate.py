@@ -121,6 +121,7 @@ def _device(cfg: Config) -> None:
 def _model_and_lora(cfg: Config) -> None:
     """The model folder exists, and every LoRA target names a module of its architecture (checked on
     an empty model on the meta device: no weights are read)."""
+    # The training stack, only to check a model folder or LoRA targets on an empty (meta) model
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -163,6 +163,7 @@ class OpenAIClient(_Accounting):
                  max_retries: int = 3, backoff: float = 1.0, budget: TokenBudget | None = None,
                  extra_body: dict[str, Any] | None = None, structured_output: str | None = "json_schema",
                  on_wait: Callable[[str], None] | None = None, notice_s: float = 15.0) -> None:
+        # openai is needed only when a server is used
         import openai
 
         if structured_output not in STRUCTURED_OUTPUT:
@@ -302,6 +303,7 @@ class LocalClient(_Accounting):
 
     def _load(self) -> tuple[Any, Any]:
         if self._model is None:
+            # The local model (and torch) load on the first call, not when operators are built
             from evotrainer.policy.base_model import load_base_model
 
             self._model, self._tokenizer = load_base_model(self.spec, dtype=self.dtype, device=self.device)

@@ -75,6 +75,7 @@ def _number(x: Any) -> float | None:
 
 class LineageTracker:
     def __init__(self, run_dir: str | Path, experiment_name: str | None = None, tracking_uri: str | None = None):
+        # mlflow takes seconds to import: only when a run is recorded
         from mlflow import MlflowClient
 
         # Against a server MLflow prints "View run at <url>" to stdout on every finished run, which
@@ -210,6 +211,7 @@ class LineageTracker:
         self.client.log_batch(run_id, tags=[RunTag(k, str(val)) for k, val in tags.items()])
 
     def _log_params(self, run_id: str, knobs: dict[str, Any], existing: dict[str, str]) -> None:
+        # (mlflow: see __init__)
         from mlflow.entities import Param
 
         # MLflow params are write-once: send only the new ones (a version's knobs never change).
@@ -218,6 +220,7 @@ class LineageTracker:
             self.client.log_batch(run_id, params=new[i:i + 100])
 
     def _log_steps(self, run_id: str, steps: list[dict[str, Any]], v: BranchVersion, tags: dict[str, str]) -> None:
+        # (mlflow: see __init__)
         from mlflow.entities import Metric
 
         done = int(tags.get(TAG + "steps_logged", "0"))
@@ -235,6 +238,7 @@ class LineageTracker:
             self._set_tags(run_id, {TAG + "steps_logged": str(len(steps))})
 
     def _log_version_metrics(self, run_id: str, v: BranchVersion, existing: dict[str, float], n_steps: int) -> None:
+        # (mlflow: see __init__)
         from mlflow.entities import Metric
 
         # Logged only when changed, stamped now: a value re-measured later must become the latest one.

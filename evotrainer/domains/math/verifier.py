@@ -179,6 +179,7 @@ def _math_verify_equal(pred: str, ref: str) -> bool | None:
     if _EXPENSIVE_RE.search(pred) or _EXPENSIVE_RE.search(ref):
         return None
     try:
+        # math-verify pulls in sympy (seconds to import): only for answers that are not plain numbers
         from math_verify import parse, verify
     except ImportError:  # optional at runtime: numeric/string comparison still works
         return None
