@@ -241,5 +241,4 @@ def strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def normalised_dump(node: ast.AST) -> str:
     """``ast.dump`` without docstrings or positions: what identity and factor comparison use."""
-
     return ast.dump(strip_docstrings(copy.deepcopy(node)))
