@@ -17,7 +17,7 @@ from evotrainer.fitness.gates import GateConfig, gate
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.hypothesis import judge_effect
 from evotrainer.loop.skills import report_metrics
-from evotrainer.records.version import BranchVersion, write_atomic
+from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -59,10 +59,32 @@ def gate_version(exp: Experiment, vid: str) -> None:
     if is_child:
         meta.hypothesis = hypothesis_verdict(exp, meta, control, report, decision.paired)
         meta.decision["hypothesis"] = meta.hypothesis
+        meta.decision["spend"] = spend_record(vd, exp.vdir(control) if control else None)
     vd.save_meta(meta)
     write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
     if is_child:
         after_gate(exp, meta, control)
+
+
+def spend_of(vd: VersionDir) -> dict[str, int]:
+    """What one version spent, read from what it left on disk: optimisation steps, train rollouts and
+    generated tokens, held-out rollouts and generated tokens."""
+    train, heldout = vd.rollouts("train"), vd.rollouts("heldout")
+    return {"train_steps": len(vd.steps()), "train_rollouts": len(train),
+            "train_tokens": sum(r.num_tokens for r in train), "heldout_rollouts": len(heldout),
+            "heldout_tokens": sum(r.num_tokens for r in heldout)}
+
+
+def spend_record(child: VersionDir, control: VersionDir | None) -> dict:
+    """Both sides' spend, for the decision record: the same steps are not the same compute (a child
+    with num_generations 8 draws twice its control's rollouts per step), and held-out verification
+    runs under train.eval_max_new_tokens for both, whatever either trains with."""
+    record: dict = {"child": spend_of(child), "control": spend_of(control) if control and control.path.exists() else None}
+    if record["control"]:
+        c, k = record["child"], record["control"]
+        record["train_rollouts_ratio"] = c["train_rollouts"] / k["train_rollouts"] if k["train_rollouts"] else None
+        record["train_tokens_ratio"] = c["train_tokens"] / k["train_tokens"] if k["train_tokens"] else None
+    return record
 
 
 def child_outcome(paired: dict | None, keep_ties: bool) -> str:
