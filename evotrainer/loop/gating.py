@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from evotrainer.fitness.gates import GateConfig, gate
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.hypothesis import judge_effect
+from evotrainer.loop.crash import crash_point
 from evotrainer.loop.skills import report_metrics
 from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
 
@@ -37,6 +38,8 @@ def gate_version(exp: Experiment, vid: str) -> None:
     vd = exp.vdir(vid)
     meta = vd.meta()
     if meta.status != "verified":
+        if meta.operator is not None and "hypothesis" in (meta.decision or {}):   # gated, then a crash
+            finish_gate(exp, vd, meta, control_of(exp, meta))
         return
     ev = exp.cfg.evolution
     gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
@@ -60,10 +63,23 @@ def gate_version(exp: Experiment, vid: str) -> None:
         meta.hypothesis = hypothesis_verdict(exp, meta, control, report, decision.paired)
         meta.decision["hypothesis"] = meta.hypothesis
         meta.decision["spend"] = spend_record(vd, exp.vdir(control) if control else None)
-    vd.save_meta(meta)
-    write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
+    vd.save_meta(meta)   # the commit point: what follows is repeated on resume until the state is saved
+    crash_point("gate:meta-saved")
     if is_child:
-        after_gate(exp, meta, control)
+        finish_gate(exp, vd, meta, control)
+    else:
+        write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
+
+
+def finish_gate(exp: Experiment, vd: VersionDir, meta: BranchVersion, control: str | None) -> None:
+    """The gate's effects beyond the version's meta: decision.json, the knob study, the bandit, the
+    history, the skills. Skipped once the run state's history records the outcome: each effect is
+    idempotent except the bandit's in-memory count, which is replayed from that same history."""
+    write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
+    entry = next((h for h in exp.state.history if h.get("child") == meta.id), None)
+    if entry is not None and entry.get("outcome") == meta.status:
+        return
+    after_gate(exp, meta, control)
 
 
 def spend_of(vd: VersionDir) -> dict[str, int]:
