@@ -15,6 +15,7 @@ import yaml
 from evotrainer.config import parse_config
 from evotrainer.loop.experiment import Experiment
 from evotrainer.records.run_state import load_state
+from evotrainer.records.version import VersionDir
 
 TERMINAL = {"kept", "promoted", "rejected", "invalid", "pruned"}
 
@@ -281,3 +282,28 @@ def test_carry_optimizer_continues_each_lineages_adamw_state(tmp_path):
         assert adam_steps(vid) == inherited + updates, vid
         checked += inherited > 0
     assert checked, "some version inherited a non-empty optimizer state"
+
+
+def test_train_steps_budget_overshoots_by_at_most_k_minus_one(tmp_path):
+    """The exact rule (loop/budgets.py): a version starts only while steps are left, and a started
+    version trains all k steps, so the run spends budget + k - 1 at most; here 3 + 2 - 1 = 4."""
+    run_dir = tmp_path / "run"
+    state = Experiment(parse_config(tiny_cfg(run_dir, steps_per_generation=2, budget={"train_steps": 3}))).run()
+    assert state.status == "stopped" and "train_steps" in state.stop_reason
+    assert state.budget_used["train_steps"] == 4
+    _, metas = check_invariants(run_dir)
+    steps = {v: len(VersionDir(run_dir / "versions" / v).steps()) for v in metas}
+    assert sorted(steps.values())[-2:] == [2, 2] and sum(steps.values()) == 4   # started: all k steps
+    assert all(m.status == "pruned" and "not trained" in m.decision["reasons"][0]
+               for v, m in metas.items() if steps[v] == 0)
+
+
+def test_an_llm_call_is_on_disk_as_soon_as_it_is_reserved(tmp_path):
+    """A call made just before a crash used to be lost: the count was saved only with the next stage."""
+    run_dir = tmp_path / "run"
+    exp = Experiment(parse_config(tiny_cfg(run_dir)))
+    exp.save()
+    exp.budgets.llm.reserve(10, 10)
+    assert load_state(run_dir).budget_used["llm_calls"] == 1
+    exp.budgets.llm.charge(12, 3)
+    assert load_state(run_dir).budget_used["llm_tokens"] == 15

@@ -61,7 +61,7 @@ class Experiment:
         else:
             self.state = self._open_for_writing()
         self._clock = time.monotonic()
-        self.budgets = Budgets(cfg, self.state)
+        self.budgets = Budgets(cfg, self.state, persist=self._persist_spend)
         self.runtime = Runtime(cfg, self.budgets)
 
     def _open_for_writing(self) -> RunState:
@@ -267,6 +267,11 @@ class Experiment:
     def advance(self, stage: str) -> None:
         self.state.stage = stage
         self.save()
+
+    def _persist_spend(self) -> None:
+        """An LLM call was reserved or charged: save its count now, not with the next stage."""
+        if not self.readonly:
+            self.save()
 
     def save(self) -> None:
         if self.readonly:
