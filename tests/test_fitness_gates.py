@@ -101,7 +101,19 @@ def test_divergence_between_training_and_heldout_is_invalid(tmp_path, parent):
     child = write_version(tmp_path / "child", rs, heldout(range(0, N, 4)))
     d = gate(child, parent)
     failed = {c.name for c in d.checks if not c.passed}
-    assert failed == {"train_heldout_divergence", "reward_heldout_divergence"} and not d.promote
+    assert failed == {"train_heldout_divergence"} and not d.promote
+
+
+def test_a_shaped_reward_above_heldout_accuracy_is_a_scale_not_a_hack(tmp_path, parent):
+    """A reward that pays 0.9 for format while correctness matches held-out is not invalid: its level
+    is its scale (the level-based reward_heldout_divergence check flagged it, issue 14)."""
+    rs = train()
+    for r in rs:
+        r.reward = 0.9 + 0.1 * float(r.visible["correct"])
+    child = write_version(tmp_path / "child", rs, heldout(range(0, N, 4)))
+    d = gate(child, parent)
+    assert d.valid, d.reasons
+    assert "reward_heldout_divergence" not in {c.name for c in d.checks}
 
 
 def test_different_seeds_are_not_paired(tmp_path, parent):

@@ -57,7 +57,7 @@ def test_cheating_branch_earns_more_training_reward_and_is_blocked(dirs, tmp_pat
     d = gate(dirs["leaky"], dirs["honest"], labels=store)
     failed = {c.name for c in d.checks if not c.passed}
     assert not d.valid and not d.promote
-    assert {"leak_used", "train_heldout_divergence", "reward_heldout_divergence"} <= failed
+    assert {"leak_used", "train_heldout_divergence"} <= failed
     leak = next(c for c in d.checks if c.name == "leak_used").numbers
     assert leak["leak_copy_rate"] > 0.5 and leak["p_value"] < 0.05
     assert leak["excess_first_step"] == 0.0 and "learned under this harness" in d.reasons[2]
