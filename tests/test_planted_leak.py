@@ -60,7 +60,7 @@ def test_cheating_branch_earns_more_training_reward_and_is_blocked(dirs, tmp_pat
     assert {"leak_used", "train_heldout_divergence"} <= failed
     leak = next(c for c in d.checks if c.name == "leak_used").numbers
     assert leak["leak_copy_rate"] > 0.5 and leak["p_value"] < 0.05
-    assert leak["excess_first_step"] == 0.0 and "learned under this harness" in d.reasons[2]
+    assert leak["excess_first_step"] == 0.0 and "learned under this harness" in next(r for r in d.reasons if "leak_used" in r)
     # The format-only genome has no validity checks: the miss is recorded as a diagnostic gap.
     assert d.gap is not None and store.gaps and "leak_used" in store.gaps[0].engine_checks
     # The honest branch, on the same leaky domain, passes every engine check (no false alarm).
