@@ -104,7 +104,8 @@ class LLMConfig(_Section):
 
 
 class BudgetConfig(_Section):
-    train_steps: int | None = Field(None, ge=1, description="total optimisation steps over all branches")
+    train_steps: int | None = Field(None, ge=1, description="total optimisation steps over all branches; "
+                                    "checked before each version, which then trains all its k steps (at most k-1 over)")
     rollout_tokens: int | None = Field(None, ge=1, description="total generated tokens (train + held-out)")
     llm_calls: int | None = Field(None, ge=1, description="LLM operator calls")
     llm_tokens: int | None = Field(None, ge=1, description="LLM operator tokens (prompt + completion)")

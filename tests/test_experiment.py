@@ -15,6 +15,7 @@ import yaml
 from evotrainer.config import parse_config
 from evotrainer.loop.experiment import Experiment
 from evotrainer.records.run_state import load_state
+from evotrainer.records.version import VersionDir
 
 TERMINAL = {"kept", "promoted", "rejected", "invalid", "pruned"}
 
@@ -184,6 +185,40 @@ def test_resume_after_kill_9_at_several_points(tmp_path):
     assert state.status == "finished" and state.generation == 3
 
 
+def test_resume_after_a_crash_at_each_named_window(tmp_path):
+    """Deterministic kill points (EVOTRAINER_CRASH_AT, os._exit(137) like kill -9) inside the windows
+    between one effect and the state save that records it: after the gate saved a child's meta (the
+    knob study, history and skills were updated after it), after a version directory was created
+    (its id allocated only in memory), after the select stage's plan (survivors, reverts, prunes)."""
+    run_dir = tmp_path / "run"
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(tiny_cfg(run_dir)))
+    cli = [sys.executable, "-m", "evotrainer.cli.app"]
+    args = cli + ["run", str(path)]
+    for point in ["gate:meta-saved", "version:created", "select:planned", "gate:meta-saved"]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "EVOTRAINER_CRASH_AT": point}
+        died = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+        assert died.returncode == 137, (point, died.stdout[-1500:] + died.stderr[-1500:])
+        args = cli + ["resume", str(run_dir)]
+    env = {k: v for k, v in os.environ.items() if k != "EVOTRAINER_CRASH_AT"}
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    state, metas = check_invariants(run_dir)
+    assert state.status == "finished" and state.generation == 3
+    for m in metas.values():
+        vd = run_dir / "versions" / m.id
+        if m.operator is None and not (m.intervention or {}).get("action") == "revert":
+            # A continuation never inherits a crashed child's files under a reused id.
+            assert not (vd / "intervention.json").exists() and not (vd / "backtest.json").exists(), m.id
+        if m.operator and "hypothesis" in (m.decision or {}):
+            # The gate's effects past the meta were finished on resume: decision.json and the history.
+            assert (vd / "decision.json").is_file()
+            h = next(h for h in state.history if h.get("child") == m.id)
+            assert h["outcome"] == m.status or (m.status == "pruned" and h["outcome"] in ("kept", "promoted")), \
+                (m.id, m.status, h)
+            assert h["hypothesis_verdict"] == m.hypothesis["verdict"]
+
+
 def test_a_config_uses_a_user_operator_installed_by_entry_point(tmp_path, monkeypatch):
     """examples/custom_operator's entry point, installed as pip would, selected by name in a config."""
     import tomllib
@@ -247,3 +282,28 @@ def test_carry_optimizer_continues_each_lineages_adamw_state(tmp_path):
         assert adam_steps(vid) == inherited + updates, vid
         checked += inherited > 0
     assert checked, "some version inherited a non-empty optimizer state"
+
+
+def test_train_steps_budget_overshoots_by_at_most_k_minus_one(tmp_path):
+    """The exact rule (loop/budgets.py): a version starts only while steps are left, and a started
+    version trains all k steps, so the run spends budget + k - 1 at most; here 3 + 2 - 1 = 4."""
+    run_dir = tmp_path / "run"
+    state = Experiment(parse_config(tiny_cfg(run_dir, steps_per_generation=2, budget={"train_steps": 3}))).run()
+    assert state.status == "stopped" and "train_steps" in state.stop_reason
+    assert state.budget_used["train_steps"] == 4
+    _, metas = check_invariants(run_dir)
+    steps = {v: len(VersionDir(run_dir / "versions" / v).steps()) for v in metas}
+    assert sorted(steps.values())[-2:] == [2, 2] and sum(steps.values()) == 4   # started: all k steps
+    assert all(m.status == "pruned" and "not trained" in m.decision["reasons"][0]
+               for v, m in metas.items() if steps[v] == 0)
+
+
+def test_an_llm_call_is_on_disk_as_soon_as_it_is_reserved(tmp_path):
+    """A call made just before a crash used to be lost: the count was saved only with the next stage."""
+    run_dir = tmp_path / "run"
+    exp = Experiment(parse_config(tiny_cfg(run_dir)))
+    exp.save()
+    exp.budgets.llm.reserve(10, 10)
+    assert load_state(run_dir).budget_used["llm_calls"] == 1
+    exp.budgets.llm.charge(12, 3)
+    assert load_state(run_dir).budget_used["llm_tokens"] == 15

@@ -1,4 +1,5 @@
-"""Our GRPO-family loss and its gradients equal TRL's on identical inputs, for every loss type."""
+"""Our GRPO-family loss and its gradients equal TRL's on identical inputs, for every loss type, on one
+micro-batch and accumulated over several (GRPOTrainer.step's micro-batching: tests/test_policy.py)."""
 
 import copy
 
@@ -111,3 +112,50 @@ def test_reference_harness_advantages_equal_the_trainers(scale):
     with Harness(program, sandbox=False) as h:
         got = torch.tensor(h.advantages(groups, rewards))
     assert torch.allclose(got, group_advantages(torch.tensor(rewards), scale), atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_gradients_accumulated_over_micro_batches_match_trl(loss_type, tmp_path):
+    """Several micro-batches of one step (what GRPOTrainer.step does when the batch exceeds
+    per_device_train_batch_size): each micro-batch's loss, normalised as TRL normalises it under
+    gradient accumulation (1/accumulation steps; dapo: the whole step's token count), summed into one
+    gradient. The single-micro-batch test above does not see that normalisation."""
+    model, tok = load_base_model("tiny-random", seed=1)
+    ours = copy.deepcopy(model)
+    chunks = [slice(0, 2), slice(2, 4)]     # unequal token counts: rows 1 and 3 are shorter
+    # One generation batch per optimiser step, split into len(chunks) accumulation windows (TRL's default
+    # steps_per_generation = gradient_accumulation_steps), as GRPOTrainer.step splits its batch.
+    trainer = _trl_trainer(model, tok, tmp_path, loss_type=loss_type, beta=0.0, epsilon=0.2, epsilon_high=0.28,
+                           gradient_accumulation_steps=len(chunks))
+    assert trainer.args.steps_per_generation == len(chunks)
+    prompt_ids, prompt_mask, completion_ids, completion_mask, advantages = _inputs(tok)
+    T = completion_ids.size(1)
+    with torch.no_grad():
+        full = per_token_logps(ours, torch.cat([prompt_ids, completion_ids], 1),
+                               torch.cat([prompt_mask, completion_mask], 1), T)
+        old = full + (torch.rand(full.shape, generator=torch.Generator().manual_seed(3)) - 0.5) * 0.8
+    n_items = completion_mask.sum()
+    cfg = GRPOConfig(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, max_completion_length=T)
+    trainer.current_gradient_accumulation_steps = len(chunks)
+    ours.train()
+    trainer.model.train()
+    for c in chunks:
+        ids = torch.cat([prompt_ids[c], completion_ids[c]], 1)
+        attn = torch.cat([prompt_mask[c], completion_mask[c]], 1)
+        logps = per_token_logps(ours, ids, attn, T)
+        loss, _ = grpo_loss(logps, old[c], advantages[c], completion_mask[c], cfg, num_items_in_batch=n_items,
+                            num_micro_batches=len(chunks))
+        loss.backward()
+        inputs = dict(prompt_ids=prompt_ids[c], prompt_mask=prompt_mask[c], completion_ids=completion_ids[c],
+                      completion_mask=completion_mask[c], advantages=advantages[c], old_per_token_logps=old[c],
+                      num_items_in_batch=n_items)
+        trl_loss = trainer.compute_loss(trainer.model, inputs)
+        assert torch.allclose(loss, trl_loss, atol=1e-5), (float(loss.detach()), float(trl_loss.detach()))
+        trl_loss.backward()
+    trl_grads = dict(trainer.model.named_parameters())
+    compared = 0
+    for name, p in ours.named_parameters():
+        q = trl_grads[name]
+        assert torch.allclose(p.grad, q.grad, atol=1e-5), (name, (p.grad - q.grad).abs().max())
+        compared += 1
+    assert compared > 5

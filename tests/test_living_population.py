@@ -8,11 +8,13 @@ import pytest
 from evotrainer.config import parse_config
 from evotrainer.fitness.labels import DiagnosticGap
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.gating import child_outcome
+from evotrainer.loop.gating import child_outcome, control_of, spend_of, spend_record
 from evotrainer.loop.proposals import evidence_for
 from evotrainer.loop.skills import SkillLibrary
 from evotrainer.operators.prompts import diff_messages
 from evotrainer.operators.registry import OperatorMix
+from evotrainer.records.rollout import Rollout
+from evotrainer.records.version import VersionDir
 
 from test_experiment import tiny_cfg
 
@@ -103,3 +105,39 @@ def test_user_skills_and_diagnostic_gaps_reach_the_operators(run):
     assert ev.gaps and ev.gaps[-1]["engine_checks"] == ["reward_hacking"]
     prompt = diff_messages(run.vdir("v0000").genome_source(), ev)[-1]["content"]
     assert "DIAGNOSTIC GAPS" in prompt and "reward_hacking" in prompt
+
+
+def test_the_gate_records_what_each_side_spent(run):
+    """Same steps are not the same compute: a child with more rollouts per group spends more than its
+    control, and the decision record says by how much (issue 14)."""
+    ppt = run.cfg.train.prompts_per_step
+    gated = [m for m in (run.vdir(v).meta() for v in run.versions())
+             if m.operator and m.decision and "spend" in m.decision]
+    assert gated
+    for m in gated:
+        spend = m.decision["spend"]
+        child = spend["child"]
+        assert child["train_steps"] == run.cfg.evolution.steps_per_generation
+        assert child["train_rollouts"] == child["train_steps"] * ppt * m.knobs["num_generations"]
+        assert child["train_tokens"] == sum(r.num_tokens for r in run.vdir(m.id).rollouts("train")) > 0
+        assert child["heldout_rollouts"] == len(run.vdir(m.id).rollouts("heldout")) > 0
+        ctl = run.vdir(control_of(run, m))
+        assert spend["control"] == spend_of(ctl)
+        assert spend["train_rollouts_ratio"] == pytest.approx(
+            m.knobs["num_generations"] / ctl.meta().knobs["num_generations"])
+
+
+def test_spend_record_shows_a_child_with_twice_the_group_size_spends_twice(tmp_path):
+    """num_generations 8 against 4 at the same steps: the record says 2x rollouts and tokens."""
+    def version(name, group):
+        vd = VersionDir(tmp_path / name)
+        vd.path.mkdir()
+        vd.append_step({"step": 0})
+        vd.save_rollouts("train", [Rollout("t", [], "x", completion_ids=[1, 2, 3]) for _ in range(2 * group)])
+        vd.save_rollouts("heldout", [Rollout("h", [], "y", completion_ids=[1] * 6, split="heldout")] * 3)
+        return vd
+    rec = spend_record(version("child", 8), version("control", 4))
+    assert rec["child"] == {"train_steps": 1, "train_rollouts": 16, "train_tokens": 48, "heldout_rollouts": 3,
+                            "heldout_tokens": 18}
+    assert rec["control"]["train_rollouts"] == 8 and rec["train_rollouts_ratio"] == rec["train_tokens_ratio"] == 2.0
+    assert spend_record(version("orphan", 4), None)["control"] is None

@@ -215,3 +215,23 @@ def test_local_client_on_the_tiny_model(tiny):
     assert budget.tokens == client.prompt_tokens + client.completion_tokens
     with pytest.raises(BudgetExhausted):
         client.complete(MESSAGES, max_tokens=8)
+
+
+def test_local_client_reserves_the_tokenizers_count_not_characters_over_four(tiny):
+    """The chat template adds tokens the characters ÷ 4 estimate never sees: a token budget that the
+    estimate fits but the real prompt does not refuses the call before it is made."""
+    from evotrainer.operators.llm_client import LocalClient, estimate_tokens
+
+    model, tokenizer = tiny
+    real = len(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"])
+    guess = sum(estimate_tokens(m["content"]) for m in MESSAGES)
+    assert real > guess
+    budget = TokenBudget(max_tokens=guess + 8)    # the estimate would have let this call through
+    client = LocalClient(model=model, tokenizer=tokenizer, budget=budget, threads=1)
+    with pytest.raises(BudgetExhausted, match="token budget"):
+        client.complete(MESSAGES, max_tokens=8, temperature=0.0)
+    assert budget.calls == 0 and budget.tokens == 0
+    budget.max_tokens = real + 8
+    assert client.complete(MESSAGES, max_tokens=8, temperature=0.0).prompt_tokens == real
+    assert budget.tokens <= budget.max_tokens

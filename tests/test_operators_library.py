@@ -107,10 +107,15 @@ def test_group_and_advantage_templates_compute_what_they_say_in_the_sandbox():
         assert h.keep_groups([dead, live, shaped]) == [False, True, False]   # std 0.05 < 0.1
     rewards = [[1.0, 0.0, 0.0, 1.0], [2.0, 2.0]]
     groups = [[_rollout(0, bool(r)) for r in rewards[0]], [_rollout(1, True), _rollout(1, True)]]
-    with Harness(_child("rloo_advantages", scale_by_std=False)) as h:
+    with Harness(_child("rloo_advantages").with_knobs(scale_rewards="none")) as h:
         rloo = h.advantages(groups, rewards)
     assert rloo[0] == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3]) and rloo[1] == pytest.approx([0.0, 0.0])
-    with Harness(_child("dr_grpo_advantages")) as h:
+    with Harness(_child("rloo_advantages")) as h:   # the reference's scale_rewards "group": divided by std
+        scaled = h.advantages(groups, rewards)
+    std = (4 * 0.25 / 3) ** 0.5
+    a = 2 / 3 / (std + 1e-4)
+    assert scaled[0] == pytest.approx([a, -a, -a, a], rel=1e-6)
+    with Harness(_child("dr_grpo_advantages", value="none")) as h:
         dr = h.advantages(groups, rewards)
     assert dr[0] == pytest.approx([0.5, -0.5, -0.5, 0.5]) and dr[1] == pytest.approx([0.0, 0.0])
 

@@ -13,8 +13,11 @@ What each test proves, honestly:
   This does not prove that training *would* find the shortcut; it proves that if it does, it is caught.
 * ``test_the_leak_does_not_reach_heldout_verification`` — held-out prompts never carry the note and
   every held-out verdict re-verifies against the engine's answers.
-* ``test_the_evolved_diagnostic_is_credited`` — the gate's verdict becomes labelled history on which a
-  validity hook that flags copied notes scores recall 1.0 / FPR 0.0, and the backtest accepts it.
+* ``test_a_hand_written_diagnostic_fixture_is_credited`` — the gate's verdict becomes labelled history on
+  which a validity hook that flags copied notes scores recall 1.0 / FPR 0.0, and the backtest accepts it.
+  The hook is a hand-written fixture (``loop/fixtures/leak_check_harness.py``), not an operator's child:
+  no library entry writes a validity hook, and the ``llm_*`` operators could but do not reliably on the
+  tiny model, so that an operator *produces* this diagnostic is not tested here.
 """
 
 import pytest
@@ -57,10 +60,10 @@ def test_cheating_branch_earns_more_training_reward_and_is_blocked(dirs, tmp_pat
     d = gate(dirs["leaky"], dirs["honest"], labels=store)
     failed = {c.name for c in d.checks if not c.passed}
     assert not d.valid and not d.promote
-    assert {"leak_used", "train_heldout_divergence", "reward_heldout_divergence"} <= failed
+    assert {"leak_used", "train_heldout_divergence"} <= failed
     leak = next(c for c in d.checks if c.name == "leak_used").numbers
     assert leak["leak_copy_rate"] > 0.5 and leak["p_value"] < 0.05
-    assert leak["excess_first_step"] == 0.0 and "learned under this harness" in d.reasons[2]
+    assert leak["excess_first_step"] == 0.0 and "learned under this harness" in next(r for r in d.reasons if "leak_used" in r)
     # The format-only genome has no validity checks: the miss is recorded as a diagnostic gap.
     assert d.gap is not None and store.gaps and "leak_used" in store.gaps[0].engine_checks
     # The honest branch, on the same leaky domain, passes every engine check (no false alarm).
@@ -83,7 +86,7 @@ def test_the_leak_does_not_reach_heldout_verification(dirs):
     assert CachedVersion.load(dirs["leaky"]).heldout == CachedVersion.load(dirs["leaky_e2e"]).heldout
 
 
-def test_the_evolved_diagnostic_is_credited(dirs, tmp_path):
+def test_a_hand_written_diagnostic_fixture_is_credited(dirs, tmp_path):
     store = LabelStore(tmp_path / "labels.json")
     gate(dirs["honest"], labels=store)
     gate(dirs["leaky"], dirs["honest"], labels=store)

@@ -212,3 +212,28 @@ def test_a_child_trainer_continues_its_parents_adamw_moments_with_its_own_hyperp
     other.create("r4")
     with pytest.raises(ValueError, match="another LoRA shape"):
         GRPOTrainer(other, "r4", GRPOConfig()).load_optimizer_state(parent.optimizer_state())
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_a_step_over_several_micro_batches_equals_one_over_the_whole_batch(policy, loss_type):
+    """GRPOTrainer.step's micro-batching (per_device_train_batch_size below the batch) accumulates the
+    gradient TRL's accumulation gives (tests/test_grpo_vs_trl.py, micro-batches): for these loss types,
+    with equal-sized micro-batches, that is the one-micro-batch gradient, whatever the token counts."""
+    policy.fork("b0", "one")
+    policy.fork("b0", "two")
+    outs = TransformersEngine(policy).generate(PROMPTS[:2] * 2, SamplingParams(max_new_tokens=8, seed=0), "b0")
+    rollouts, advs = _rollouts(outs, 2), [1.0, -1.0, -0.5, 0.5]
+    for r, n in zip(rollouts, (8, 3, 8, 5)):   # unequal token counts across and within micro-batches
+        r.completion_ids, r.logprobs = r.completion_ids[:n], r.logprobs[:n]
+    assert sorted(len(r.completion_ids) for r in rollouts) == [3, 5, 8, 8]
+    grads = {}
+    for branch, mb in (("one", 4), ("two", 2)):
+        cfg = GRPOConfig(learning_rate=1e-2, num_generations=2, max_completion_length=8, loss_type=loss_type,
+                         per_device_train_batch_size=mb, max_grad_norm=1e9)
+        tr = GRPOTrainer(policy, branch, cfg)
+        tr.step(rollouts, advs)
+        grads[branch] = [p.grad.clone() for p in tr.params]
+    assert any(g.abs().sum() > 0 for g in grads["one"])
+    for a, b in zip(grads["one"], grads["two"]):
+        assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
+    assert torch.allclose(policy.probe_logprobs("one"), policy.probe_logprobs("two"), atol=1e-5)

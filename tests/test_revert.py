@@ -2,6 +2,10 @@
 held-out statistics) is replaced by that ancestor, whose adapter and harness the next generation
 continues; a survivor that is only noisily worse is kept."""
 
+import pytest
+
+from evotrainer.loop import crash
+from evotrainer.loop.versions import new_version
 from evotrainer.records.version import BranchVersion
 from evotrainer.config import parse_config
 from evotrainer.loop.experiment import Experiment
@@ -79,3 +83,47 @@ def test_revert_can_be_switched_off(tmp_path):
     exp.state.generation, exp.state.stage, exp.state.live = 2, "select", ["v0002", "v0003"]
     exp.run_generation()
     assert sorted(exp.state.survivors) == ["v0002", "v0003"]
+
+
+class Crashed(BaseException):
+    """Stands in for os._exit(137) in-process: nothing after the crash point runs or saves."""
+
+
+@pytest.mark.parametrize("point", ["select:planned", "select:pruned"])
+def test_a_crash_inside_the_select_stage_keeps_the_revert_on_resume(tmp_path, monkeypatch, point):
+    exp = lineage(tmp_path)
+    exp.state.generation, exp.state.stage, exp.state.live = 2, "select", ["v0002", "v0003"]
+    exp.save()
+
+    def die():
+        raise Crashed
+
+    monkeypatch.setattr(crash, "_die", die)
+    monkeypatch.setenv(crash.ENV, point)
+    with pytest.raises(Crashed):
+        exp.run_generation()
+    monkeypatch.delenv(crash.ENV)
+    again = Experiment.resume(exp.run_dir)
+    assert again.state.stage == "select"
+    again.run_generation()
+    s = again.state
+    # Before the plan was saved first, the regressed v0002 was pruned and no longer a candidate: the
+    # resumed selection never saw it, and the revert to v0001 was lost.
+    assert s.survivors == ["v0001", "v0003"] and again.vdir("v0002").meta().status == "pruned"
+    assert again.vdir("v0002").meta().decision["reverted_to"] == "v0001"
+    assert [h["to"] for h in s.history if h.get("outcome") == "reverted"] == ["v0001"]
+    assert sorted(again.vdir(v).meta().parents[0] for v in s.live) == ["v0001", "v0003"]
+
+
+def test_a_version_id_reused_after_a_crash_starts_from_an_empty_directory(tmp_path):
+    """new_version allocates the id in memory; a kill before the state save leaves a directory the
+    resumed run allocates again. A continuation must not inherit the crashed child's files."""
+    exp = lineage(tmp_path)
+    leftover = exp.vdir("v0004").path
+    leftover.mkdir(parents=True)
+    (leftover / "intervention.json").write_text('{"factor": "knob:temperature"}')
+    (leftover / "backtest.json").write_text("{}")
+    vid = new_version(exp, exp.vdir("v0003").meta(), exp.vdir("v0003").genome_source(), 3)
+    assert vid == "v0004"
+    assert not (leftover / "intervention.json").exists() and not (leftover / "backtest.json").exists()
+    assert exp.vdir(vid).meta().intervention is None and exp.vdir(vid).adapter_dir.is_dir()

@@ -4,6 +4,7 @@ is allowed only for a harness the user names, never with operators that write co
 import pytest
 
 from evotrainer.config import ConfigError, parse_config
+from evotrainer.genome.contract import check_contract
 from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
@@ -50,3 +51,51 @@ def test_in_process_hooks_pass_the_contract_check_first():
         Harness(hostile, sandbox=False)
     with Harness(reference_program(), sandbox=False) as h:   # the trusted reference runs in-process
         assert h.reward([{"visible": {"correct": True}}], [{"id": "t"}]) == [1.0]
+
+
+# ---- knobs nothing reads (issue 14) ------------------------------------------------------------
+OWN_ADVANTAGES = '''
+def advantages(groups, rewards):
+    return [[r - sum(rs) / len(rs) for r in rs] for rs in rewards]
+'''
+
+
+def test_trainer_config_has_no_field_training_ignores():
+    """scale_rewards (only the advantages hook reads it) and gradient_accumulation_steps (micro-batches
+    always accumulate into one step) were GRPOConfig fields that training never read."""
+    from evotrainer.policy.grpo_config import TRAINER_SETTINGS
+    assert "scale_rewards" not in TRAINER_SETTINGS and "gradient_accumulation_steps" not in TRAINER_SETTINGS
+
+
+def test_a_declared_knob_nothing_reads_is_a_contract_error_naming_it(tmp_path):
+    ref = reference_program()
+    # A trainer setting, or a knob a (fallback reference) hook reads, is fine.
+    check_contract(ref)
+    # The genome's own advantages ignores scale_rewards: the knob would be dropped silently.
+    dead = HarnessProgram(ref.source + OWN_ADVANTAGES)
+    with pytest.raises(ContractError, match="'scale_rewards'.*nothing reads it"):
+        check_contract(dead)
+    # ... unless its own code reads it.
+    check_contract(HarnessProgram(ref.source + OWN_ADVANTAGES.replace(
+        "return", "_ = KNOBS['scale_rewards']['value']\n    return")))
+    # TRL's gradient_accumulation_steps is no setting of this trainer, and no hook reads it.
+    ga = ref.source.replace('KNOBS = {', 'KNOBS = {\n    "gradient_accumulation_steps": {"value": 2, "choices": [1, 2]},', 1)
+    with pytest.raises(ContractError, match="gradient_accumulation_steps"):
+        check_contract(HarnessProgram(ga))
+    # At validation time it is a ConfigError naming the file.
+    path = tmp_path / "dead.py"
+    path.write_text(dead.source)
+    with pytest.raises(ConfigError, match="dead.py.*scale_rewards"):
+        validate_resources(cfg(tmp_path, harness=str(path)), loop=False)
+
+
+def test_a_grpo_override_nothing_would_read_is_refused(tmp_path):
+    """grpo.scale_rewards on a harness without that knob reached no hook: it was dropped."""
+    path = tmp_path / "noknobs.py"
+    path.write_text("def reward(rollouts, tasks):\n    return [1.0 for _ in rollouts]\n")
+    c = cfg(tmp_path, harness=str(path))
+    c.grpo.scale_rewards = "none"
+    with pytest.raises(ConfigError, match="grpo.scale_rewards"):
+        validate_resources(c, loop=False)
+    c.grpo.scale_rewards, c.grpo.learning_rate = None, 3e-4   # a trainer setting: read by GRPOConfig
+    validate_resources(c, loop=False)

@@ -211,7 +211,7 @@ def _suggest(failed: list[Check]) -> str:
     if "leak_used" in names:
         return ("extend validity: flag completions that repeat information only training prompts carry "
                 "(e.g. a number given in a note of the prompt)")
-    if names & {"train_heldout_divergence", "reward_heldout_divergence"}:
+    if names & {"train_heldout_divergence", "reward_hacking"}:
         return ("extend validity/alerts: flag training success that held-out verification does not confirm "
                 "(a shaped reward or correctness rising without held-out gains)")
     return "extend validity: add a check that would have flagged " + ", ".join(sorted(names))

@@ -26,9 +26,19 @@ def number_in(answer: str, text: str) -> bool:
 
 
 def copied(answer: str | None, r: Rollout) -> bool:
-    """Whether a train rollout gave ``answer`` (shown in its prompt, or the task's own): it wrote the
-    number, or the verifier found it correct. What the leak check counts as copying."""
-    return (answer is not None and number_in(answer, r.completion)) or bool(r.visible.get("correct"))
+    """Whether a train rollout *gave* ``answer`` (shown in its prompt, or the task's own): the answer
+    the verifier extracted from it is that number. What the leak check counts as copying.
+
+    Only the given answer counts: a completion that echoes its prompt, note and all, and then answers
+    something else copied nothing (counting the number anywhere in the text made a policy that repeats
+    its prompt look leaky). Without an extracted answer (a verifier that reports none), the verdict
+    ``correct`` stands in: the note carries the task's own answer.
+    """
+    extracted = r.visible.get("extracted")
+    if extracted is None or answer is None:
+        return bool(r.visible.get("correct")) if extracted is None else False
+    given, answer = str(extracted).strip(), answer.strip()
+    return bool(answer) and (given == answer or number_in(answer, given))
 
 
 def leak_stats(v: CachedVersion, window: int = 3) -> dict[str, Any]:

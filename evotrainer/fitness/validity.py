@@ -32,18 +32,18 @@ def engine_checks(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> li
     checks += _harness_inputs(v, cfg)
     checks.append(_grader_gaming(v, cfg))
     late, h = len(last_steps(v.train, cfg.window)), e.get("heldout_accuracy")
-    for name, key in (("train_heldout_divergence", "train_correct_rate_last"),
-                      ("reward_heldout_divergence", "train_reward_mean_last")):
-        x = e.get(key)
-        judged = x is not None and h is not None and late >= cfg.min_train_rollouts
-        if name == "reward_heldout_divergence" and judged:
-            judged = all(0.0 <= r.reward <= 1.0 for r in v.train if r.reward is not None)  # scale-free otherwise
-        gap = x - h if judged else None
-        passed = gap is None or gap <= cfg.divergence
-        msg = ("not judged (too few rollouts, no held-out, or reward not on [0, 1])" if gap is None else
-               f"{key} {x:.3f} vs held-out {h:.3f}: gap {gap:+.3f} {'<=' if passed else '>'} {cfg.divergence}")
-        checks.append(Check(name, passed, msg, {key: x, "heldout_accuracy": h, "gap": gap,
-                                                "threshold": cfg.divergence, "window_rollouts": late}))
+    # Correctness on train vs held-out: one scale, so a level gap means something. The shaped reward's
+    # level is not compared with held-out accuracy (a reward paying 0.9 for a format is a scale, not a
+    # hack): a rising reward with falling correctness is the trend check below (_reward_hacking).
+    name, key = "train_heldout_divergence", "train_correct_rate_last"
+    x = e.get(key)
+    judged = x is not None and h is not None and late >= cfg.min_train_rollouts
+    gap = x - h if judged else None
+    passed = gap is None or gap <= cfg.divergence
+    msg = ("not judged (too few rollouts or no held-out)" if gap is None else
+           f"{key} {x:.3f} vs held-out {h:.3f}: gap {gap:+.3f} {'<=' if passed else '>'} {cfg.divergence}")
+    checks.append(Check(name, passed, msg, {key: x, "heldout_accuracy": h, "gap": gap,
+                                            "threshold": cfg.divergence, "window_rollouts": late}))
     checks.append(_reward_hacking(v, report, cfg))
     lr, cr, p = e.get("leak_copy_rate"), e.get("clean_copy_rate"), e.get("leak_p_value")
     nl, nc = int(e.get("leaked_rollouts") or 0), int(e.get("clean_rollouts") or 0)

@@ -13,9 +13,10 @@ import ast
 from pydantic import ValidationError
 
 from evotrainer.config import GRPOSection
+from evotrainer.policy.grpo_config import TRAINER_SETTINGS
 
 from .errors import ContractError
-from .program import HOOK_PARAMS, HarnessProgram
+from .program import HOOK_PARAMS, HarnessProgram, reference_program
 
 DEFAULT_ALLOWED_IMPORTS = ("numpy", "math", "statistics", "re", "collections", "itertools", "functools")
 DEFAULT_MAX_BYTES = 64_000
@@ -52,6 +53,37 @@ def check_contract(
         if problem:
             raise ContractError(f"line {node.lineno}: {problem}")
     check_knob_rules(program)
+    check_knobs_read(program)
+
+
+def check_knobs_read(program: HarnessProgram) -> None:
+    """Every knob the genome declares is read by training: a trainer setting (``GRPOConfig``) or a
+    name the genome's code mentions outside KNOBS (``KNOBS["scale_rewards"]`` in its ``advantages``),
+    or one a reference hook it falls back to mentions (the sandbox hands a fallback hook the genome's
+    KNOBS). A knob nothing reads would make every change of it a no-op child that trains, gates and
+    ties: it used to be dropped silently."""
+    unread = [n for n in program.knobs if n not in TRAINER_SETTINGS and n not in knob_names_read(program)]
+    if unread:
+        raise ContractError(f"KNOBS {', '.join(map(repr, unread))}: declared but nothing reads it (not a "
+                            "trainer setting and no hook mentions it); remove it or read it in a hook")
+
+
+def knob_names_read(program: HarnessProgram) -> set[str]:
+    """String constants of the program outside its KNOBS literal, plus those of the reference hooks
+    the program does not define (a conservative over-approximation of the knob names code reads)."""
+    knobs_node = program.knobs_node
+    skip = {id(n) for n in ast.walk(knobs_node)} if knobs_node is not None else set()
+    live = program.functions   # a def shadowed by a later one of the same name never runs
+    for stmt in program.tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and live.get(stmt.name) is not stmt:
+            skip |= {id(n) for n in ast.walk(stmt)}
+    names = {n.value for n in ast.walk(program.tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip}
+    ref = reference_program()
+    for hook, node in ref.functions.items():
+        if hook in HOOK_PARAMS and hook not in program.functions:
+            names |= {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return names
 
 
 def check_knob_rules(program: HarnessProgram) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from typing import Callable
 
 from evotrainer.config import Config
 from evotrainer.operators.llm_client import TokenBudget
@@ -27,8 +28,17 @@ LIMITS = ("train_steps", "rollout_tokens", "wall_time_s", "llm_calls", "llm_toke
 
 
 class Budgets:
-    def __init__(self, cfg: Config, state: RunState):
-        self.cfg, self.state = cfg, state
+    """The run's spending and limits.
+
+    ``train_steps`` is checked before each version starts, never inside one: siblings must train the
+    same k steps for the paired gate to compare harnesses, not step counts. So a run stops with at
+    most ``budget.train_steps + k - 1`` steps spent (k = ``evolution.steps_per_generation``), and the
+    versions that did not start are pruned with the reason. LLM calls are counted when reserved,
+    before the request goes out, and persisted at once through ``persist`` (the run's state save).
+    """
+
+    def __init__(self, cfg: Config, state: RunState, persist: Callable[[], None] | None = None):
+        self.cfg, self.state, self.persist = cfg, state, persist
 
     @functools.cached_property
     def llm(self) -> TokenBudget:
@@ -36,10 +46,15 @@ class Budgets:
         b, llm = self.cfg.evolution.budget, self.cfg.evolution.llm
         used = self.state.budget_used
         budget = TokenBudget(b.llm_calls, b.llm_tokens, b.llm_cost_usd, llm.usd_per_1m_prompt_tokens,
-                             llm.usd_per_1m_completion_tokens)
+                             llm.usd_per_1m_completion_tokens, on_change=self._llm_changed)
         budget.calls, budget.prompt_tokens = int(used.get("llm_calls", 0)), int(used.get("llm_tokens", 0))
         budget.cost_usd = float(used.get("llm_cost_usd", 0.0))
         return budget
+
+    def _llm_changed(self) -> None:
+        self.sync_llm()
+        if self.persist:
+            self.persist()
 
     def sync_llm(self) -> None:
         """Copies what the LLM clients spent into the run state (saved with it)."""

@@ -23,11 +23,12 @@ from evotrainer.config import Config, parse_config
 from evotrainer.fitness.labels import LabelStore
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.budgets import BudgetReached, Budgets
+from evotrainer.loop.crash import crash_point
 from evotrainer.loop.gating import gate_version
 from evotrainer.loop.operator_mix import operator_mix
 from evotrainer.loop.progress import NullProgress
 from evotrainer.loop.proposals import propose_children
-from evotrainer.loop.revert import revert_regressed
+from evotrainer.loop.revert import apply_revert, plan_reverts
 from evotrainer.loop.runtime import Runtime
 from evotrainer.loop.selection import Candidate, survivors as select_survivors
 from evotrainer.loop.skills import SkillLibrary
@@ -60,7 +61,7 @@ class Experiment:
         else:
             self.state = self._open_for_writing()
         self._clock = time.monotonic()
-        self.budgets = Budgets(cfg, self.state)
+        self.budgets = Budgets(cfg, self.state, persist=self._persist_spend)
         self.runtime = Runtime(cfg, self.budgets)
 
     def _open_for_writing(self) -> RunState:
@@ -159,17 +160,7 @@ class Experiment:
                 self.progress.advance()
             self.advance("select")
         if s.stage == "select":
-            cands = self.candidates(self.generation_versions(g))
-            s.survivors = select_survivors(cands, self.cfg.evolution.population_size,
-                                           self.cfg.evolution.selection, self.cfg.evolution.elitism,
-                                           self.cfg.evolution.tournament_size, seed=self.cfg.seed + g)
-            if self.cfg.evolution.revert:
-                s.survivors = revert_regressed(self, s.survivors, g)
-            for c in cands:
-                if c.version_id not in s.survivors:
-                    self.set_status(c.version_id, "pruned")
-            self.say(f"gen {g}: survivors {', '.join(s.survivors) or 'none'}")
-            s.live = []
+            self.select_stage(g)
             self.advance("propose")
         if s.stage == "propose":
             if s.stop_reason:  # a budget ran out during this generation: it was finished, now stop
@@ -182,6 +173,36 @@ class Experiment:
                 s.status = "paused"
                 self.say("human gate: approve or reject the proposed children, then `evotrainer resume`")
             self.save()
+
+    def select_stage(self, g: int) -> None:
+        """Selection and reverts are planned first and saved with the state (survivors, the reverts'
+        history records, the versions to prune) in one write; then the plan is applied, idempotently.
+        Pruning before that save used to lose a revert on resume: a pruned version is no candidate."""
+        s = self.state
+        plan = s.selection if s.selection and s.selection.get("generation") == g else None
+        if plan is None:
+            cands = self.candidates(self.generation_versions(g))
+            survivors = select_survivors(cands, self.cfg.evolution.population_size, self.cfg.evolution.selection,
+                                         self.cfg.evolution.elitism, self.cfg.evolution.tournament_size,
+                                         seed=self.cfg.seed + g)
+            reverts: list[dict] = []
+            if self.cfg.evolution.revert:
+                survivors, reverts = plan_reverts(self, survivors, g)
+            plan = {"generation": g, "survivors": survivors, "reverts": reverts,
+                    "prune": [c.version_id for c in cands if c.version_id not in survivors]}
+            s.selection, s.survivors = plan, list(survivors)
+            s.history.extend(reverts)
+            self.save()
+            crash_point("select:planned")
+        for r in plan["reverts"]:
+            apply_revert(self, r)
+            self.say(f"gen {g}: {r['parent']} regressed from {r['to']}; reverting to it ({r['reason'][:80]})")
+        for vid in plan["prune"]:
+            if self.vdir(vid).meta().status != "pruned":
+                self.set_status(vid, "pruned")
+                crash_point("select:pruned")
+        self.say(f"gen {g}: survivors {', '.join(s.survivors) or 'none'}")
+        s.live = []
 
     def budget_left(self, vid: str) -> bool:
         """False (and the version pruned, reason recorded) once a budget is spent: the generation then
@@ -246,6 +267,11 @@ class Experiment:
     def advance(self, stage: str) -> None:
         self.state.stage = stage
         self.save()
+
+    def _persist_spend(self) -> None:
+        """An LLM call was reserved or charged: save its count now, not with the next stage."""
+        if not self.readonly:
+            self.save()
 
     def save(self) -> None:
         if self.readonly:

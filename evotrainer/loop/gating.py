@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 from evotrainer.fitness.gates import GateConfig, gate
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.hypothesis import judge_effect
+from evotrainer.loop.crash import crash_point
 from evotrainer.loop.skills import report_metrics
-from evotrainer.records.version import BranchVersion, write_atomic
+from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -37,6 +38,8 @@ def gate_version(exp: Experiment, vid: str) -> None:
     vd = exp.vdir(vid)
     meta = vd.meta()
     if meta.status != "verified":
+        if meta.operator is not None and "hypothesis" in (meta.decision or {}):   # gated, then a crash
+            finish_gate(exp, vd, meta, control_of(exp, meta))
         return
     ev = exp.cfg.evolution
     gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
@@ -59,10 +62,45 @@ def gate_version(exp: Experiment, vid: str) -> None:
     if is_child:
         meta.hypothesis = hypothesis_verdict(exp, meta, control, report, decision.paired)
         meta.decision["hypothesis"] = meta.hypothesis
-    vd.save_meta(meta)
-    write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
+        meta.decision["spend"] = spend_record(vd, exp.vdir(control) if control else None)
+    vd.save_meta(meta)   # the commit point: what follows is repeated on resume until the state is saved
+    crash_point("gate:meta-saved")
     if is_child:
-        after_gate(exp, meta, control)
+        finish_gate(exp, vd, meta, control)
+    else:
+        write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
+
+
+def finish_gate(exp: Experiment, vd: VersionDir, meta: BranchVersion, control: str | None) -> None:
+    """The gate's effects beyond the version's meta: decision.json, the knob study, the bandit, the
+    history, the skills. Skipped once the run state's history records the outcome: each effect is
+    idempotent except the bandit's in-memory count, which is replayed from that same history."""
+    write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
+    entry = next((h for h in exp.state.history if h.get("child") == meta.id), None)
+    if entry is not None and entry.get("outcome") == meta.status:
+        return
+    after_gate(exp, meta, control)
+
+
+def spend_of(vd: VersionDir) -> dict[str, int]:
+    """What one version spent, read from what it left on disk: optimisation steps, train rollouts and
+    generated tokens, held-out rollouts and generated tokens."""
+    train, heldout = vd.rollouts("train"), vd.rollouts("heldout")
+    return {"train_steps": len(vd.steps()), "train_rollouts": len(train),
+            "train_tokens": sum(r.num_tokens for r in train), "heldout_rollouts": len(heldout),
+            "heldout_tokens": sum(r.num_tokens for r in heldout)}
+
+
+def spend_record(child: VersionDir, control: VersionDir | None) -> dict:
+    """Both sides' spend, for the decision record: the same steps are not the same compute (a child
+    with num_generations 8 draws twice its control's rollouts per step), and held-out verification
+    runs under train.eval_max_new_tokens for both, whatever either trains with."""
+    record: dict = {"child": spend_of(child), "control": spend_of(control) if control and control.path.exists() else None}
+    if record["control"]:
+        c, k = record["child"], record["control"]
+        record["train_rollouts_ratio"] = c["train_rollouts"] / k["train_rollouts"] if k["train_rollouts"] else None
+        record["train_tokens_ratio"] = c["train_tokens"] / k["train_tokens"] if k["train_tokens"] else None
+    return record
 
 
 def child_outcome(paired: dict | None, keep_ties: bool) -> str:

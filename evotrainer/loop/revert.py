@@ -44,23 +44,41 @@ def revert_target(exp: Experiment, vid: str):
     return (best[0], decision) if decision.promote else None
 
 
-def revert_regressed(exp: Experiment, survivors: list[str], generation: int) -> list[str]:
-    """Survivors that regressed from an ancestor are replaced by it: the next generation continues
-    the ancestor (its adapter and harness), and the regressed version is pruned with the reason."""
+def plan_reverts(exp: Experiment, survivors: list[str], generation: int) -> tuple[list[str], list[dict]]:
+    """(survivors after reverts, one history record per revert), writing nothing: the select stage
+    saves the plan with the run state first and applies it after, so a crash in between loses no revert."""
     out: list[str] = []
+    reverts: list[dict] = []
     for sid in survivors:
         target = revert_target(exp, sid)
         if target is None:
             out.append(sid)
             continue
         aid, decision = target
-        vd = exp.vdir(sid)
-        meta = vd.meta()
-        meta.decision = {**(meta.decision or {}), "reverted_to": aid, "revert_reason": decision.reason}
-        vd.save_meta(meta)
-        exp.state.history.append({"generation": generation + 1, "parent": sid, "operator": "revert", "factor": "revert",
-                                  "outcome": "reverted", "to": aid, "reason": decision.reason})
-        exp.say(f"gen {generation}: {sid} regressed from {aid}; reverting to it ({decision.reason[:80]})")
+        reverts.append({"generation": generation + 1, "parent": sid, "operator": "revert", "factor": "revert",
+                        "outcome": "reverted", "to": aid, "reason": decision.reason})
         if aid not in out:
             out.append(aid)
+    return out, reverts
+
+
+def apply_revert(exp: Experiment, revert: dict) -> None:
+    """Marks the regressed version with the ancestor it was reverted to (idempotent)."""
+    vd = exp.vdir(revert["parent"])
+    meta = vd.meta()
+    if (meta.decision or {}).get("reverted_to") == revert["to"]:
+        return
+    meta.decision = {**(meta.decision or {}), "reverted_to": revert["to"], "revert_reason": revert["reason"]}
+    vd.save_meta(meta)
+
+
+def revert_regressed(exp: Experiment, survivors: list[str], generation: int) -> list[str]:
+    """Survivors that regressed from an ancestor are replaced by it: the next generation continues
+    the ancestor (its adapter and harness), and the regressed version is pruned with the reason.
+    (Plan and apply in one go; the select stage does the two with a state save between.)"""
+    out, reverts = plan_reverts(exp, survivors, generation)
+    for r in reverts:
+        apply_revert(exp, r)
+        exp.state.history.append(r)
+        exp.say(f"gen {generation}: {r['parent']} regressed from {r['to']}; reverting to it ({r['reason'][:80]})")
     return out

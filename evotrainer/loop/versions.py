@@ -8,6 +8,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from evotrainer.genome.program import HarnessProgram
+from evotrainer.loop.crash import crash_point
 from evotrainer.records.version import BranchVersion, write_atomic
 
 if TYPE_CHECKING:
@@ -19,10 +20,17 @@ SETTLED = ("kept", "promoted")          # statuses of versions that may live on
 def new_version(exp: Experiment, parent: BranchVersion | None, source: str, generation: int, *, operator: str | None = None,
                 factor: str | None = None, intervention: dict[str, Any] | None = None,
                 extra_parents: list[str] = (), status: str = "pending") -> str:
-    """A pending version: the parent's adapter copied (copy-on-write), the genome to train under."""
+    """A pending version: the parent's adapter copied (copy-on-write), the genome to train under.
+
+    The caller saves the run state (which holds ``next_id``) after this returns. A process killed in
+    between leaves a directory under an id the saved state never allocated; the resumed run allocates
+    that id again, so whatever is there is a leftover and is cleared first (a continuation must not
+    inherit a crashed child's intervention.json or backtest.json)."""
     vid = exp.state.new_id()
     vd = exp.vdir(vid)
-    vd.path.mkdir(parents=True, exist_ok=True)
+    if vd.path.exists():
+        shutil.rmtree(vd.path)
+    vd.path.mkdir(parents=True)
     if parent is not None:
         src = exp.vdir(parent.id).adapter_dir
         shutil.rmtree(vd.adapter_dir, ignore_errors=True)
@@ -37,4 +45,5 @@ def new_version(exp: Experiment, parent: BranchVersion | None, source: str, gene
         parents=([parent.id] if parent else []) + list(extra_parents), intervention=intervention,
         status=status, generation=generation, operator=operator, factor=factor, knobs=program.knob_values,
     ))
+    crash_point("version:created")
     return vid

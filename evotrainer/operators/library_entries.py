@@ -98,7 +98,12 @@ STD_FILTER = '''def keep_groups(groups):
 # ---- advantages -----------------------------------------------------------------------------------
 RLOO = '''def advantages(groups, rewards):
     """RLOO: each rollout's baseline is the mean reward of the other rollouts of its group
-    (unbiased, unlike a mean that includes the rollout itself); scaled by the group std: $scale_by_std."""
+    (unbiased, unlike a mean that includes the rollout itself); scaled as KNOBS["scale_rewards"] says
+    (group std, batch std, or none), so that knob keeps its meaning."""
+    scale = KNOBS["scale_rewards"]["value"]
+    flat = [r for rs in rewards for r in rs]
+    bm = sum(flat) / len(flat) if flat else 0.0
+    batch_std = (sum((r - bm) ** 2 for r in flat) / (len(flat) - 1)) ** 0.5 if len(flat) > 1 else 0.0
     out = []
     for rs in rewards:
         n = len(rs)
@@ -107,20 +112,11 @@ RLOO = '''def advantages(groups, rewards):
             continue
         total = sum(rs)
         adv = [r - (total - r) / (n - 1) for r in rs]
-        if $scale_by_std:
+        if scale != "none":
             m = total / n
-            std = (sum((r - m) ** 2 for r in rs) / (n - 1)) ** 0.5
+            std = (sum((r - m) ** 2 for r in rs) / (n - 1)) ** 0.5 if scale == "group" else batch_std
             adv = [a / (std + 1e-4) for a in adv]
         out.append(adv)
-    return out'''
-
-DR_GRPO = '''def advantages(groups, rewards):
-    """Dr. GRPO: reward minus the group mean, not divided by the group std, so that groups with
-    little variance (nearly all right or all wrong) are not weighted up."""
-    out = []
-    for rs in rewards:
-        m = sum(rs) / len(rs) if rs else 0.0
-        out.append([r - m for r in rs])
     return out'''
 
 # ---- select_tasks (the curriculum hook: select_tasks(pool, stats, step, n) -> n task ids) ---------
@@ -192,16 +188,18 @@ ENTRIES: tuple[LibraryEntry, ...] = (
     LibraryEntry(
         "rloo_advantages", "advantages: RLOO leave-one-out baseline",
         "hook:advantages", (when("dead_group_ratio", "<", 0.95), when("reward_spread", ">", 0.0)),
-        "If each rollout's baseline leaves the rollout out (std scaling: {scale_by_std}), held-out score "
+        "If each rollout's baseline leaves the rollout out, held-out score "
         "rises, because the baseline is unbiased and small groups no longer shrink the advantage.",
-        FITTER, "RLOO (Ahmadian et al., 2024; Kool et al., 2019)", template=RLOO,
-        params=(Param("scale_by_std", (False, True)),)),
+        FITTER, "RLOO (Ahmadian et al., 2024; Kool et al., 2019)", template=RLOO, needs_knobs=("scale_rewards",)),
+    # Dr. GRPO's advantage is the reference's with scale_rewards "none": a knob move, not a new hook
+    # (a hook that ignored the knob would leave scale_rewards declared and read by nothing).
     LibraryEntry(
         "dr_grpo_advantages", "advantages: Dr. GRPO (group mean baseline, no std division)",
-        "hook:advantages", (when("train_correct_rate", "<", 0.3),),
-        "If advantages are no longer divided by the group std, held-out score rises, because "
-        "groups that are nearly all wrong stop dominating the update.",
-        FITTER, "Dr. GRPO (Liu et al., 2025): Understanding R1-Zero-like training", template=DR_GRPO),
+        "knob:scale_rewards", (when("train_correct_rate", "<", 0.3),),
+        "If scale_rewards goes from {old} to {new} (advantages no longer divided by the group std), held-out "
+        "score rises, because groups that are nearly all wrong stop dominating the update.",
+        FITTER, "Dr. GRPO (Liu et al., 2025): Understanding R1-Zero-like training",
+        move=KnobMove("scale_rewards", to="none")),
     LibraryEntry(
         "pass_rate_curriculum", "select_tasks: train on tasks of intermediate pass rate first",
         "hook:select_tasks", (when("dead_group_ratio", ">", 0.5),),

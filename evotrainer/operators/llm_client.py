@@ -59,13 +59,18 @@ def estimate_tokens(text: str) -> int:
 class TokenBudget:
     """Calls, tokens and dollars shared by every client of one experiment (thread-safe).
 
-    ``reserve`` is conservative: a call is refused if its estimated prompt plus its full
+    ``reserve`` is conservative: a call is refused if its prompt (counted with the tokenizer where the
+    client has one, else estimated as characters ÷ 4) plus its full
     ``max_tokens`` completion could go over ``max_tokens`` (or, priced per million tokens, over
     ``max_cost_usd``); ``charge`` then books the real usage.
     """
 
     def __init__(self, max_calls: int | None = None, max_tokens: int | None = None, max_cost_usd: float | None = None,
-                 usd_per_1m_prompt: float = 0.0, usd_per_1m_completion: float = 0.0) -> None:
+                 usd_per_1m_prompt: float = 0.0, usd_per_1m_completion: float = 0.0,
+                 on_change: Callable[[], None] | None = None) -> None:
+        # Called after every reserve and charge: the run persists its count then, so a call made just
+        # before a crash is not lost from the count (it used to be saved only with the next stage).
+        self.on_change = on_change
         self.max_calls = max_calls
         self.max_tokens = max_tokens
         self.max_cost_usd = max_cost_usd
@@ -98,12 +103,16 @@ class TokenBudget:
                 raise BudgetExhausted(f"LLM cost budget would be exceeded (${self.cost_usd:.4f} used + up to "
                                       f"${worst:.4f} > ${self.max_cost_usd:.4f})")
             self.calls += 1
+        if self.on_change:
+            self.on_change()
 
     def charge(self, prompt_tokens: int, completion_tokens: int) -> None:
         with self._lock:
             self.prompt_tokens += prompt_tokens
             self.completion_tokens += completion_tokens
             self.cost_usd += self.price(prompt_tokens, completion_tokens)
+        if self.on_change:
+            self.on_change()
 
     def to_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -122,9 +131,13 @@ class _Accounting:
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
-    def _before(self, messages: list[Message], max_tokens: int) -> None:
+    def _before(self, messages: list[Message], max_tokens: int, prompt_tokens: int | None = None) -> None:
+        """Reserves the call: ``prompt_tokens`` when the client can count them (a known tokenizer),
+        else the characters ÷ 4 estimate."""
         if self.budget is not None:
-            self.budget.reserve(sum(estimate_tokens(m.get("content", "")) for m in messages), max_tokens)
+            if prompt_tokens is None:
+                prompt_tokens = sum(estimate_tokens(m.get("content", "")) for m in messages)
+            self.budget.reserve(prompt_tokens, max_tokens)
 
     def _after(self, c: Completion) -> Completion:
         self.calls += 1
@@ -315,9 +328,9 @@ class LocalClient(_Accounting):
         (``operators/constrained.py``); a reply cut off by ``max_tokens`` raises LLMError."""
         import torch
 
-        self._before(messages, max_tokens)
         model, tok = self._load()
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        self._before(messages, max_tokens, prompt_tokens=int(ids["input_ids"].shape[1]))   # the real count
         input_ids = ids["input_ids"].to(model.device)
         attention = ids["attention_mask"].to(model.device)
         sample = temperature > 0 and not self.greedy

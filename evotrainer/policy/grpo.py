@@ -2,8 +2,9 @@
 
 Names follow TRL's ``GRPOConfig`` so users can carry settings across: ``num_generations``,
 ``beta`` (KL coefficient), ``epsilon`` / ``epsilon_high`` (clip-higher, DAPO), ``delta`` (dual
-clip), ``loss_type`` (grpo, bnpo, dr_grpo, dapo), ``scale_rewards`` (group, batch, none),
-``mask_truncated_completions``. The loss matches TRL's on identical inputs (tests/test_grpo_vs_trl.py).
+clip), ``loss_type`` (grpo, bnpo, dr_grpo, dapo), ``mask_truncated_completions``. The loss matches
+TRL's on identical inputs (tests/test_grpo_vs_trl.py). Advantages (and TRL's ``scale_rewards``) come
+from the harness's ``advantages`` hook, not from this module.
 
 The importance ratio is taken against the *sampler's* stored logprobs (``Rollout.logprobs``), so a
 rollout engine whose numerics differ from training (vLLM, bf16 sampling) is corrected for, and
@@ -13,54 +14,24 @@ several optimisation passes over one batch stay on-policy-correct.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import torch
 from transformers import TopPLogitsWarper
 
+from evotrainer.policy.grpo_config import LOSS_TYPES, GRPOConfig
 from evotrainer.records.rollout import Rollout
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+__all__ = ["GRPOConfig", "GRPOTrainer", "LOSS_TYPES", "group_advantages", "grpo_loss", "per_token_logps"]
 
 
-@dataclass
-class GRPOConfig:
-    learning_rate: float = 1e-4
-    num_generations: int = 4
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_completion_length: int = 64
-    beta: float = 0.0                  # KL(π || π_ref) coefficient; π_ref = base model (adapter disabled)
-    epsilon: float = 0.2               # lower clip
-    epsilon_high: float = 0.28         # upper clip (clip-higher)
-    delta: float | None = None         # dual clip: cap on the ratio before min (None = off)
-    use_bias_correction_kl: bool = True  # weight the KL term by the importance ratio (TRL's default)
-    loss_type: str = "dapo"
-    scale_rewards: str = "group"
-    mask_truncated_completions: bool = False
-    per_device_train_batch_size: int = 16   # sequences per forward/backward (micro-batch)
-    gradient_accumulation_steps: int = 1    # informational: micro-batches are accumulated per step
-    num_iterations: int = 1            # optimisation passes over each generation batch
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.scale_rewards not in SCALE_REWARDS:
-            raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
-        if self.num_generations < 2:
-            raise ValueError("num_generations must be >= 2: a group of one has no relative advantage")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# ---- advantages ------------------------------------------------------------------------------
+# ---- advantages: a reference, not used in training -------------------------------------------
 def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: float = 1e-4) -> torch.Tensor:
-    """GRPO advantages for rewards of shape (num_groups, num_generations).
+    """TRL's GRPO advantage formula in torch, for rewards of shape (num_groups, num_generations).
+
+    Training never calls it: a step's advantages come from the harness's ``advantages`` hook. It is
+    the yardstick the TRL-parity tests hold the reference hook to (tests/test_grpo_vs_trl.py) and a
+    quick source of advantages for benchmarks that drive ``GRPOTrainer.step`` directly.
 
     A_i = (r_i - mean(group)) / (std + eps), std from the group (``"group"``), the whole batch
     (``"batch"``), or no scaling (``"none"``, Dr. GRPO). std is the sample std, as in TRL.

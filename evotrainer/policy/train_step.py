@@ -15,6 +15,7 @@ from evotrainer.domains.base import Domain
 from evotrainer.domains.task import Task
 from evotrainer.policy.collect import PromptFn, collect_groups, default_prompt
 from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer
+from evotrainer.policy.grpo_config import TRAINER_SETTINGS
 from evotrainer.policy.lora import Policy
 from evotrainer.policy.rollout_engine import RolloutEngine, SamplingParams
 from evotrainer.records.rollout import Group, Rollout, group_rollouts
@@ -34,7 +35,7 @@ class HarnessHooks(Protocol):
     def uses_reference(self, hook: str) -> bool: ...
 
 
-GRPO_KNOBS = set(GRPOConfig.__dataclass_fields__)
+GRPO_KNOBS = TRAINER_SETTINGS
 STEP_COLUMNS = ("reward_mean", "reward_std", "dead_group_ratio", "response_length_p50", "truncation_rate",
                 "clip_ratio", "kl", "grad_norm")
 
@@ -43,11 +44,13 @@ def grpo_config(harness: HarnessHooks, overrides: dict[str, Any]) -> GRPOConfig:
     """The recipe: GRPOConfig defaults ← the harness's knobs ← config overrides of non-knob settings.
 
     Knob overrides are not applied here: ``seed_program`` writes them into the seed genome, so a
-    child whose operator changed a knob really trains with its own value.
+    child whose operator changed a knob really trains with its own value. Knobs that are not trainer
+    settings are read by the harness's hooks (the contract check refuses a knob nothing reads), and
+    ``seed_program`` refuses an override that neither the trainer nor the harness reads.
     """
     values = {k: v for k, v in harness.knob_values.items() if k in GRPO_KNOBS}
     own = harness.program.knobs  # a genome without KNOBS falls back to the reference's: overridable here
-    values.update({k: v for k, v in overrides.items() if v is not None and k not in own})
+    values.update({k: v for k, v in overrides.items() if v is not None and k not in own and k in GRPO_KNOBS})
     return GRPOConfig(**values)
 
 

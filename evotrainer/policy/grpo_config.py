@@ -1,0 +1,48 @@
+"""The GRPO trainer's settings (TRL names), without torch: the genome layer's contract check reads
+the field names to tell a knob training reads from one it would silently drop.
+
+Every field here is read by ``policy/grpo.py`` or ``policy/train_step.py``. Settings that only a
+harness hook reads (``scale_rewards``, read by the ``advantages`` hook) are harness knobs, not
+fields: a field no part of training read used to be accepted and ignored (``scale_rewards`` and
+``gradient_accumulation_steps`` were, issue 14).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+@dataclass
+class GRPOConfig:
+    learning_rate: float = 1e-4
+    num_generations: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_completion_length: int = 64
+    beta: float = 0.0                  # KL(π || π_ref) coefficient; π_ref = base model (adapter disabled)
+    epsilon: float = 0.2               # lower clip
+    epsilon_high: float = 0.28         # upper clip (clip-higher)
+    delta: float | None = None         # dual clip: cap on the ratio before min (None = off)
+    use_bias_correction_kl: bool = True  # weight the KL term by the importance ratio (TRL's default)
+    loss_type: str = "dapo"
+    mask_truncated_completions: bool = False
+    # Sequences per forward/backward. All micro-batches of a step accumulate into one optimiser step,
+    # so TRL's gradient_accumulation_steps is implied (ceil(batch / this)) and is not a setting here.
+    per_device_train_batch_size: int = 16
+    num_iterations: int = 1            # optimisation passes over each generation batch
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be >= 2: a group of one has no relative advantage")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+TRAINER_SETTINGS = frozenset(f.name for f in fields(GRPOConfig))
