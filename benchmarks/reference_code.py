@@ -13,7 +13,9 @@ Measured on 2 shared CPU cores with OMP_NUM_THREADS=1 (with 2 torch threads unde
 held-out pass had not finished after 11 min), ``--steps 4 --difficulty 2 --prompts 4 --generations 4
 --heldout 24 --max-new-tokens 64`` (benchmarks/results/reference_code_cpu.{json,txt}, 1012 s): held-out
 0.208 -> 0.208 on all three seeds, paired CI [+0.000, +0.000]: no gain at this budget. 2-3 of 4 steps
-had a live group, and 75-100% of training rollouts hit the 64-token limit.
+had a live group, and 75-100% of training rollouts hit the 64-token limit. Measured on the generator
+before its constant-answer fix: 3 of the 5 held-out passes were tasks whose every test expected one
+value, solved by programs returning a constant.
 """
 
 from __future__ import annotations
