@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -37,6 +38,35 @@ def test_generated_splits_are_disjoint_deterministic_and_solvable(mixed):
     assert all(f["visible"]["correct"] and f["hidden"]["correct"] for f in full)
     with pytest.raises(ValueError, match="difficulty 3 has only"):
         make_splits(200, 0, 0, [3], seed=0)
+
+
+LEVEL_SIZES = {1: 247, 2: 200, 3: 47}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_generated_task_has_one_answer_for_every_test(seed):
+    """A task whose tests all expect the same value (count_above_35 on lists of small numbers) is
+    solved by `return 0`: the visible tests of every task, and its hidden tests, each expect two
+    different values or more."""
+    for level, size in LEVEL_SIZES.items():
+        tasks = [t for s in SPLITS for t in make_splits(size - 20, 10, 10, [level], seed=seed)[s]]
+        assert len(tasks) == size
+        for t in tasks:
+            tests = t.visible["tests"] + t.hidden["tests"]
+            assert len(tests) == 7, t.id
+            for group in (t.visible["tests"], t.hidden["tests"]):
+                values = [eval(c.split(" == ", 1)[1]) for c in group]
+                assert any(v != values[0] for v in values), (t.id, group)
+
+
+def test_a_constant_answer_solves_no_generated_task(mixed):
+    tasks = [t for lv in (1, 2) for t in make_splits(LEVEL_SIZES[lv], 0, 0, [lv], seed=0)["train"]]
+    held = [dataclasses.replace(t, split="heldout") for t in tasks]   # held-out: the hidden tests run
+    consts = ("0", "[]", "False")
+    completions = [f"```python\n{t.visible['header']}    return {c}\n```" for t in held for c in consts]
+    verdicts = mixed.verify_batch([t for t in held for _ in consts], completions)
+    solved = [(t.id, c) for (t, c), v in zip(((t, c) for t in held for c in consts), verdicts) if v["correct"]]
+    assert solved == [], solved[:5]
 
 
 def test_humaneval_keeps_ids_and_splits_asserts(mixed):

@@ -64,29 +64,58 @@ def engine_checks(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> li
     return checks
 
 
+INCONCLUSIVE = frozenset({"timeout", "worker_died"})  # verdicts that depend on load, not on the program
+
+
+def _inconclusive(stored: dict[str, Any], fresh: dict[str, Any]) -> bool:
+    """A correctness mismatch whose failing side failed by timing out or losing its worker: a program
+    that finished just under its limit once can time out when re-graded under load (or the other way
+    round). That is no evidence of an edit, so it is not re-judged. A format mismatch never is."""
+    if bool(stored.get("format_ok")) != bool(fresh.get("format_ok")):
+        return False
+    failing = fresh if bool(stored.get("correct")) else stored
+    return bool(INCONCLUSIVE.intersection(failing.get("verdicts") or ()))
+
+
 def _tamper(v: CachedVersion) -> Check:
-    """Re-verifies cached completions with the domain: a stored verdict the verifier disagrees with
-    means the cache was edited after the engine wrote it (or the verifier changed)."""
+    """Re-verifies cached completions with the domain, one ``verify_batch`` per split: a stored verdict
+    the verifier disagrees with means the cache was edited after the engine wrote it (or the verifier
+    changed). A disagreement due to a timeout or a dead worker is reported as not re-judged."""
     if v.domain is None:
         return Check("tamper", True, "not judged (no config.json to rebuild the domain)", {})
-    bad, n, notes = [], 0, 0
+    bad, unjudged, n, notes, wrong = [], [], 0, 0, 0
     for split, rollouts, where in (("train", v.train, "visible"), ("heldout", v.heldout, "hidden"),
                                    ("heldout_base", v.heldout_base, "hidden")):
+        known = []
         for i, r in enumerate(rollouts):
-            task = v.tasks.get(r.task_id)
-            if task is None:
+            if r.task_id in v.tasks:
+                known.append((i, r))
+            else:
                 bad.append(f"{split}:{i} unknown task {r.task_id}")
-                continue
+        fresh_all = v.domain.verify_batch([v.tasks[r.task_id] for _, r in known],
+                                          [r.completion for _, r in known]) if known else []
+        for (i, r), fresh in zip(known, fresh_all):
             n += 1
-            fresh = v.domain.verify(task, r.completion)
             stored = getattr(r, where)
-            if bool(stored.get("correct")) != fresh["correct"] or bool(stored.get("format_ok")) != fresh["format_ok"]:
-                bad.append(f"{split}:{i} stored correct={stored.get('correct')} but verifier says {fresh['correct']}")
+            if bool(stored.get("correct")) != bool(fresh["correct"]) or \
+                    bool(stored.get("format_ok")) != bool(fresh["format_ok"]):
+                if _inconclusive(stored, fresh):
+                    unjudged.append(f"{split}:{i}")
+                else:
+                    wrong += 1
+                    bad.append(f"{split}:{i} stored correct={stored.get('correct')} but verifier says "
+                               f"{fresh['correct']}")
             if split != "train" and (v.leak_of(r) is not None or "(Reference note" in str(r.messages)):
                 notes += 1
                 bad.append(f"{split}:{i} held-out prompt carries a reference note")
-    return Check("tamper", not bad, f"{n - len(bad)}/{n} cached verdicts re-verified" + (f"; {bad[:3]}" if bad else ""),
-                 {"reverified": n, "mismatches": len(bad) - notes, "heldout_notes": notes})
+    mismatches = len(bad) - notes
+    msg = f"{n - wrong - len(unjudged)}/{n} cached verdicts re-verified"
+    if unjudged:
+        msg += f"; {len(unjudged)} not re-judged (a timeout or a dead worker on one side: {unjudged[:3]})"
+    if bad:
+        msg += f"; {bad[:3]}"
+    return Check("tamper", not bad, msg, {"reverified": n, "mismatches": mismatches, "heldout_notes": notes,
+                                          "not_rejudged": len(unjudged)})
 
 
 def _harness_inputs(v: CachedVersion, cfg: GateConfig) -> list[Check]:

@@ -3,15 +3,18 @@
 Sized for a tiny policy. Measured once with the embedded SmolLM2-135M-Instruct, greedy, 128 new
 tokens, 20 train tasks of seed 0 per level: level 1 passes all visible tests on 19/20 (hidden 19/20,
 format 20/20), level 2 on 10/20 (hidden 8/20), level 3 on 6/20 (hidden 6/20): level 2 gives the
-largest group variance, level 1 a guaranteed signal, level 3 room to learn.
+largest group variance, level 1 a guaranteed signal, level 3 room to learn. (Measured before the
+constant-answer fix below, which changed the tests of most tasks; not re-measured.)
 
 1. one expression of the argument(s), parameterised by a constant k ("return x plus 7")
 2. one loop or builtin over a list or string ("count the elements of nums greater than 4")
 3. a small algorithm (digit sums, primes, de-duplication, running sums, ...)
 
 Expected outputs come from a reference implementation inside the engine, on seeded random inputs;
-two are visible (in the prompt), five hidden. Tasks are distinct by their description, and
-``make_splits`` cuts one pool of distinct tasks into disjoint train/heldout/test splits.
+two are visible (in the prompt), five hidden. The visible tests, and the hidden tests, each expect at
+least two different values (by ``==``), and threshold tasks draw inputs around their threshold: a
+task whose every test expects the same value is solved by ``return 0``. Tasks are distinct by their
+description, and ``make_splits`` cuts one pool of distinct tasks into disjoint train/heldout/test splits.
 """
 
 from __future__ import annotations
@@ -42,6 +45,27 @@ def _nums(r: random.Random) -> tuple:
     return ([r.randint(-9, 20) for _ in range(r.randint(0, 7))],)
 
 
+def _nums_near(k: int) -> Gen:
+    """Lists around a threshold k: some elements above it, some not (inputs that never cross k would
+    make every expected value the same, and ``return 0`` a solution)."""
+    return lambda r: ([r.randint(k - 15, k + 15) for _ in range(r.randint(1, 7))],)
+
+
+def _nums_to(k: int) -> Gen:
+    """Lists of which about half the elements are multiples of k."""
+    return lambda r: ([r.randint(-9, 3 * k) if r.random() < 0.5 else k * r.randint(-2, 3)
+                       for _ in range(r.randint(1, 7))],)
+
+
+def _multiple_or_not(k: int) -> Gen:
+    """Half multiples of k, half not (uniform inputs would make a large k's answers all False)."""
+    return lambda r: (k * r.randint(0, 6) + (0 if r.random() < 0.5 else r.randint(1, k - 1)),)
+
+
+def _ints_near(k: int) -> Gen:
+    return lambda r: (r.randint(k - 25, k + 25),)
+
+
 def _word(r: random.Random) -> tuple:
     return ("".join(r.choice("abcdeilnorst") for _ in range(r.randint(1, 8))),)
 
@@ -60,8 +84,9 @@ class Template:
     params: str          # parameter list
     text: str            # what the function returns, one sentence
     ref: str             # reference body (an expression or statements) using k
-    inputs: Gen
+    inputs: Gen | Callable[[Any], Gen]   # a generator, or (with k_inputs) a function of k giving one
     ks: tuple = (None,)  # constants that make distinct tasks
+    k_inputs: bool = False
 
 
 _K = tuple(range(2, 41))
@@ -71,23 +96,23 @@ TEMPLATES: dict[int, list[Template]] = {
         Template("minus_{k}", "x", "Return x minus {k}.", "return x - {k}", _ints(-50, 50), _K),
         Template("mod_{k}", "x", "Return the remainder of x divided by {k}.", "return x % {k}", _ints(0, 200), _K),
         Template("divisible_by_{k}", "x", "Return True if x is divisible by {k}, otherwise False.",
-                 "return x % {k} == 0", _ints(0, 100), _K),
+                 "return x % {k} == 0", _multiple_or_not, _K, k_inputs=True),
         Template("repeat_{k}", "s", "Return the string s repeated {k} times.", "return s * {k}", _short, tuple(range(2, 10))),
         Template("greater_than_{k}", "x", "Return True if x is greater than {k}, otherwise False.",
-                 "return x > {k}", _ints(-20, 30), _K),
+                 "return x > {k}", _ints_near, _K, k_inputs=True),
         Template("add", "a, b", "Return the sum of a and b.", "return a + b", _pair(-99, 99)),
         Template("larger", "a, b", "Return the larger of a and b.", "return max(a, b)", _pair(-99, 99)),
         Template("square", "x", "Return x squared.", "return x * x", _ints(-30, 30)),
         Template("is_even", "n", "Return True if n is even, otherwise False.", "return n % 2 == 0", _ints(-50, 50)),
         Template("absolute", "x", "Return the absolute value of x.", "return abs(x)", _ints(-99, 99))],
     2: [Template("count_above_{k}", "nums", "Return how many elements of the list nums are greater than {k}.",
-                 "return sum(1 for v in nums if v > {k})", _nums, _K),
+                 "return sum(1 for v in nums if v > {k})", _nums_near, _K, k_inputs=True),
         Template("sum_above_{k}", "nums", "Return the sum of the elements of the list nums that are greater than {k}.",
-                 "return sum(v for v in nums if v > {k})", _nums, _K),
+                 "return sum(v for v in nums if v > {k})", _nums_near, _K, k_inputs=True),
         Template("scale_{k}", "nums", "Return a new list with every element of nums multiplied by {k}.",
                  "return [v * {k} for v in nums]", _nums, _K),
         Template("multiples_of_{k}", "nums", "Return a list of the elements of nums that are divisible by {k}, in order.",
-                 "return [v for v in nums if v % {k} == 0]", _nums, _K),
+                 "return [v for v in nums if v % {k} == 0]", _nums_to, _K, k_inputs=True),
         Template("pad_{k}", "s", "Return s followed by {k} exclamation marks.", "return s + '!' * {k}", _word, _K),
         Template("sum_list", "nums", "Return the sum of the elements of the list nums.", "return sum(nums)", _nums),
         Template("reverse_string", "s", "Return the string s reversed.", "return s[::-1]", _word),
@@ -123,14 +148,23 @@ def _build(t: Template, k: Any, level: int, rng: random.Random) -> dict:
     reference = f"def {name}({t.params}):\n    {fill(t.ref)}\n"
     ns: dict[str, Any] = {}
     exec(reference, ns)  # engine-written reference code, not policy code
-    fn, seen, tests = ns[name], set(), []
-    for _ in range(200):
-        args = t.inputs(rng)
+    fn, seen, tests, values = ns[name], set(), [], []
+    gen = t.inputs(k) if t.k_inputs else t.inputs
+    for _ in range(400):
+        args = gen(rng)
         if repr(args) in seen:
+            continue
+        value = fn(*args)
+        # The last visible and the last hidden test must differ from the others of their group: one
+        # answer (by ==, so 0 and False are one) for every test of a group would let a constant pass.
+        group = values[:N_VISIBLE] if len(tests) < N_VISIBLE else values[N_VISIBLE:]
+        last = len(tests) in (N_VISIBLE - 1, N_VISIBLE + N_HIDDEN - 1)
+        if last and all(v == value for v in group):
             continue
         seen.add(repr(args))
         shown = ", ".join(repr(a) for a in args)
-        tests.append(f"assert candidate({shown}) == {fn(*args)!r}")
+        tests.append(f"assert candidate({shown}) == {value!r}")
+        values.append(value)
         if len(tests) == N_VISIBLE + N_HIDDEN:
             break
     header = f'def {name}({t.params}):\n    """{text}"""\n'
