@@ -32,7 +32,8 @@ from typing import Any
 
 from evotrainer.records.version import BranchVersion, VersionDir
 from evotrainer.tracking.plots import fitness_plot, genealogy_plot, load_versions
-from evotrainer.tracking.view import NOTE, experiment_description, run_description, run_name
+from evotrainer.tracking.view import (KIND, KIND_TAG, NOTE, VIEW_TAG, experiment_description, run_description,
+                                      run_name, table_view)
 
 TAG = "evotrainer."
 VERSION_TAG = TAG + "version_id"
@@ -93,9 +94,14 @@ class LineageTracker:
             local = self.tracking_uri.startswith(("sqlite:", "file:")) or "://" not in self.tracking_uri
             location = (self.run_dir / "mlartifacts").as_uri() if local else None
             self.experiment_id = self.client.create_experiment(
-                self.experiment_name, artifact_location=location, tags={TAG + "run_dir": str(self.run_dir)})
+                self.experiment_name, artifact_location=location,
+                tags={TAG + "run_dir": str(self.run_dir), KIND_TAG: KIND, VIEW_TAG: table_view()})
         else:
             self.experiment_id = exp.experiment_id
+            # an experiment recorded before these tags existed, or a view the code has changed since
+            for key, value in ((KIND_TAG, KIND), (VIEW_TAG, table_view())):
+                if exp.tags.get(key) != value:
+                    self.client.set_experiment_tag(self.experiment_id, key, value)
 
     # ---- look-ups ------------------------------------------------------------------------------------
     def _find(self, tag: str, value: str) -> str | None:

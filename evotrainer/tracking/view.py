@@ -9,11 +9,37 @@ leaderboard and points at the genealogy plot logged to the summary run.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+from urllib.parse import urlencode
 
 from evotrainer.records.version import BranchVersion
 
 NOTE = "mlflow.note.content"        # MLflow's description field, for runs and experiments alike
+# MLflow 3 opens an experiment on a GenAI "Overview" (traces, judges) unless it is a classic ML
+# experiment. Older 3.x UIs read this experiment tag; 3.17's UI follows a global workflow switch
+# that only the ``workflowType`` query parameter (or the sidebar toggle) sets, so ``ui_url`` adds it.
+KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
+# The runs table a person should see first: sorted by held-out score, with the columns that read as a
+# genealogy. MLflow's "share view" stores a table's state as JSON in the experiment tag
+# ``mlflow.sharedViewState.<key>`` and loads it from the URL's ``viewStateShareKey``; recording the
+# run writes that tag, so ``ui_url`` opens the table already set up.
+VIEW_KEY = "evotrainer"
+VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
+COLUMNS = ("metrics.`heldout_accuracy`", "tags.`evotrainer.generation`", "tags.`evotrainer.operator`",
+           "tags.`evotrainer.factor`", "tags.`evotrainer.decision`", "tags.`evotrainer.status`",
+           "tags.`evotrainer.hypothesis`", "tags.`evotrainer.validity`")
+
+
+def table_view() -> str:
+    return json.dumps({"orderByKey": COLUMNS[0], "orderByAsc": False, "selectedColumns": list(COLUMNS),
+                       "runListHidden": False})
+
+
+def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The runs table of one experiment, as a classic ML experiment, with the genealogy view applied."""
+    query = urlencode({"viewStateShareKey": VIEW_KEY, "workflowType": "machine_learning"})
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
 
 
 def run_name(v: BranchVersion) -> str:
