@@ -34,6 +34,7 @@ from evotrainer.records.version import BranchVersion, VersionDir
 from evotrainer.tracking.plots import fitness_plot, genealogy_plot, load_versions
 from evotrainer.tracking.view import (KIND, KIND_TAG, NOTE, VIEW_TAG, experiment_description, run_description,
                                       run_name, table_view)
+from evotrainer.tracking.view import experiment_name as view_experiment_name
 
 TAG = "evotrainer."
 VERSION_TAG = TAG + "version_id"
@@ -84,7 +85,7 @@ class LineageTracker:
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracking_uri = tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
-        self.experiment_name = experiment_name or f"evotrainer:{self.run_dir.name}"
+        self.experiment_name = experiment_name or view_experiment_name(self.run_dir)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self._runs: dict[str, str] = {}          # version id -> run id (cache of tag look-ups)
         self._recording: set[str] = set()

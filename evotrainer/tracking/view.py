@@ -10,6 +10,9 @@ leaderboard and points at the genealogy plot logged to the summary run.
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -40,6 +43,25 @@ def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
     """The runs table of one experiment, as a classic ML experiment, with the genealogy view applied."""
     query = urlencode({"viewStateShareKey": VIEW_KEY, "workflowType": "machine_learning"})
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
+
+
+def experiment_name(run_dir: str | Path) -> str:
+    return f"evotrainer:{Path(run_dir).resolve().name}"
+
+
+def local_experiment_id(run_dir: str | Path) -> str | None:
+    """The experiment id in a run's own ``mlflow.db``, read-only (``status`` writes nothing, and
+    opening the store through MLflow would create or migrate it); None when not recorded yet."""
+    db = Path(run_dir, "mlflow.db")
+    if not db.is_file():
+        return None
+    try:
+        with closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as con:
+            row = con.execute("SELECT experiment_id FROM experiments WHERE name = ?",
+                              (experiment_name(run_dir),)).fetchone()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
 
 
 def run_name(v: BranchVersion) -> str:
