@@ -148,8 +148,8 @@ def main() -> None:
             "05-compare-experiments.png": f"{base}/#/compare-experiments/s?experiments={both}&searchFilter={last}"
                                           f"&orderByKey={quote(SORT)}&orderByAsc=false&{ml}",
         }
-        for name, url in shots.items():
-            shoot(url, HERE / name)
+        for name, url in shots.items():     # the tables are wide: room for every lineage column
+            shoot(url, HERE / name, "2400,1000" if name.startswith(("01", "05")) else "1800,1000")
     finally:
         stop(proc)
         if not args.workdir and not args.keep:
