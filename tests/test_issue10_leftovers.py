@@ -107,3 +107,14 @@ def test_plots_are_written_atomically(tmp_path, monkeypatch):
     assert sorted(x.name for x in Path(tmp_path, "plots").iterdir()) == [
         "fitness.png", "genealogy.html", "genealogy.png"]               # no temp file left behind
 
+
+
+def test_lineage_prints_the_url_of_the_genealogy_table(tmp_path):
+    from evotrainer.tracking.lineage import LineageTracker
+
+    build_run(tmp_path)
+    r = cli(["lineage", tmp_path], tmp_path)
+    assert r.returncode == 0 and "viewStateShareKey" not in r.stdout        # nothing recorded yet
+    eid = LineageTracker(tmp_path).experiment_id
+    r = cli(["lineage", tmp_path], tmp_path)
+    assert f"/#/experiments/{eid}/runs?viewStateShareKey=evotrainer&workflowType=machine_learning" in r.stdout
