@@ -136,6 +136,7 @@ def test_runs_parents_and_artifacts_through_rest(server, tmp_path):
     rows = [line for line in page.splitlines() if line.startswith("| v0")]
     assert [r.split("|")[1].strip() for r in rows] == ["v003", "v004", "v002", "v000", "v001"]   # by held-out
     assert summary in page and "genealogy.png" in page
+    assert f"(#/experiments/{tracker.experiment_id}/runs/{summary}/artifacts/genealogy.png" in page
 
     # What the UI's genealogy view relies on (tracking/view.py): the experiment opens as a classic ML
     # experiment, and the shared table view names columns every version run really has.

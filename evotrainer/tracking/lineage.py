@@ -207,7 +207,8 @@ class LineageTracker:
             self.client.log_artifact(run_id, str(f))
         self.client.set_terminated(run_id, "FINISHED")
         self.client.set_experiment_tag(self.experiment_id, NOTE,
-                                       experiment_description(load_versions(self.run_dir), run_id))
+                                       experiment_description(load_versions(self.run_dir), run_id,
+                                                              self.experiment_id))
         return run_id
 
     # ---- pieces --------------------------------------------------------------------------------------

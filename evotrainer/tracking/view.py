@@ -100,7 +100,8 @@ def _effect(e: Any) -> str:
     return str(e)
 
 
-def experiment_description(versions: list[BranchVersion], summary_run: str | None) -> str:
+def experiment_description(versions: list[BranchVersion], summary_run: str | None,
+                           experiment_id: str | None = None) -> str:
     ranked = sorted(versions, key=lambda v: -(v.heldout_accuracy if v.heldout_accuracy is not None else -1))
     lines = [f"{len(versions)} versions, {sum(v.is_invalid for v in versions)} invalid. "
              "Run names read: id · generation · operator:factor · fate held-out score.", "",
@@ -112,4 +113,7 @@ def experiment_description(versions: list[BranchVersion], summary_run: str | Non
     if summary_run:
         lines += ["", f"Genealogy plot: artifacts `genealogy.png` / `genealogy.html` of the run `genealogy` "
                       f"({summary_run})."]
+        if experiment_id:       # a link inside the UI itself (the description is rendered as Markdown)
+            lines[-1] += (f" [Open it](#/experiments/{experiment_id}/runs/{summary_run}/artifacts/genealogy.png"
+                          "?workflowType=machine_learning).")
     return "\n".join(lines)
