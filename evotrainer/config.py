@@ -31,9 +31,11 @@ class DomainConfig(_Section):
     name: Literal["math", "code", "swe"] = "math"
     difficulty: int | list[int] = Field(default_factory=lambda: [1, 2],
                                         description="difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval; swe 1-3")
-    n_train: int | None = Field(256, ge=1, le=1_000_000)
-    n_heldout: int | None = Field(64, ge=1, le=1_000_000)
-    n_test: int | None = Field(64, ge=1, le=1_000_000)
+    # Defaults the generator can satisfy: levels alternate, and level 1 has 100 distinct problems, so
+    # the default [1, 2] allows at most 200 tasks in all (domains/math/tasks.py::level_capacity).
+    n_train: int | None = Field(128, ge=1, le=1_000_000)
+    n_heldout: int | None = Field(32, ge=1, le=1_000_000)
+    n_test: int | None = Field(32, ge=1, le=1_000_000)
     seed: int = 0
     leak_share: float = Field(0.0, ge=0.0, le=1.0, description="share of train prompts carrying a planted leak")
     files: dict[Literal["train", "heldout", "test"], str] | None = Field(

@@ -86,8 +86,14 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_runs_parents_and_artifacts_through_rest(server, tmp_path):
     from evotrainer.tracking.lineage import LineageTracker
 
+    from evotrainer.records.version import VersionDir
+
     run_dir = tmp_path / "run"
     versions = build_run(run_dir)
+    vdir = VersionDir(run_dir / "versions" / "v002")     # a judged hypothesis, for its tag and column
+    judged = vdir.meta()
+    judged.hypothesis = {"verdict": "confirmed"}
+    vdir.save_meta(judged)
     tracker = LineageTracker(run_dir, tracking_uri=server)
     ids = tracker.record_all()
     assert LineageTracker(run_dir, tracking_uri=server).record_all() == ids     # resumed: no new runs
@@ -130,3 +136,26 @@ def test_runs_parents_and_artifacts_through_rest(server, tmp_path):
     rows = [line for line in page.splitlines() if line.startswith("| v0")]
     assert [r.split("|")[1].strip() for r in rows] == ["v003", "v004", "v002", "v000", "v001"]   # by held-out
     assert summary in page and "genealogy.png" in page
+    assert f"(#/experiments/{tracker.experiment_id}/runs/{summary}/artifacts/genealogy.png" in page
+
+    # What the UI's genealogy view relies on (tracking/view.py): the experiment opens as a classic ML
+    # experiment, and the shared table view names columns every version run really has.
+    from evotrainer.tracking.view import KIND, VIEW_KEY, ui_url
+
+    exp_tags = {t["key"]: t["value"] for t in exp.get("tags", [])}
+    assert exp_tags["mlflow.experimentKind"] == KIND == "custom_model_development"
+    view = json.loads(exp_tags[f"mlflow.sharedViewState.{VIEW_KEY}"])
+    assert view["orderByKey"] == "metrics.`heldout_accuracy`" and view["orderByAsc"] is False
+    assert by_version["v002"][1]["evotrainer.hypothesis"] == "confirmed"
+    assert by_version["v000"][1]["evotrainer.hypothesis"] == "none"
+    for r in runs:
+        have = {"metrics": {m["key"] for m in r["data"].get("metrics", [])},
+                "tags": {t["key"] for t in r["data"]["tags"]}}
+        for column in view["selectedColumns"]:
+            kind, name = column.split(".", 1)
+            assert name.strip("`") in have[kind], (column, r["info"]["run_name"])
+    url = ui_url(tracker.experiment_id, server)
+    assert url.startswith(f"{server}/#/experiments/{tracker.experiment_id}/runs?")
+    assert f"viewStateShareKey={VIEW_KEY}" in url and "workflowType=machine_learning" in url
+    with urllib.request.urlopen(url.split("#")[0], timeout=30) as r:     # the UI's page itself is served
+        assert r.status == 200 and b"<html" in r.read().lower()

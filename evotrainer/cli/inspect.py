@@ -60,6 +60,11 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
         png, page = genealogy_plot(args.run_dir)
         console.print(f"genealogy: {png}  {page}\nfitness:   {fitness_plot(args.run_dir)}")
+    from evotrainer.tracking.view import local_experiment_id, ui_url
+
+    if eid := local_experiment_id(args.run_dir):    # read-only: the run's store is not opened by MLflow
+        console.print(f"in MLflow: mlflow ui --backend-store-uri sqlite:///{Path(args.run_dir).resolve()}/mlflow.db"
+                      f"\n  then {ui_url(eid)}", soft_wrap=True)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -36,6 +37,39 @@ def _run(exp) -> None:
         exp.progress.close()
 
 
+def first_difference(frozen: Any, given: Any, where: str = "") -> str | None:
+    """The dotted name of the first field where two config dumps differ (``evolution.generations``)."""
+    if isinstance(frozen, dict) and isinstance(given, dict):
+        for key in sorted(frozen.keys() | given.keys()):
+            found = first_difference(frozen.get(key), given.get(key), f"{where}.{key}" if where else key)
+            if found:
+                return found
+        return None
+    return None if frozen == given else (where or "(the whole config)")
+
+
+def _same_config(cfg, source: str) -> None:
+    """Refuse ``run --resume`` with a config that is not the run's own: a resumed run must go on with
+    the data, model and budgets its versions were made with (the location itself may differ)."""
+    from evotrainer.config import ConfigError, parse_config
+
+    path = Path(cfg.run_dir) / "config.json"
+    _precheck(cfg.run_dir)
+    frozen = parse_config(read_json(path, "the run's configuration"), str(path)).model_dump(mode="json")
+    given = cfg.model_dump(mode="json")
+    frozen.pop("run_dir", None)
+    given.pop("run_dir", None)
+    field = first_difference(frozen, given)
+    if field:
+        def at(d):
+            for part in field.split("."):
+                d = d.get(part) if isinstance(d, dict) else None
+            return d
+        raise ConfigError(f"{source} differs from the config frozen in {path} at {field} ({at(given)!r} here, "
+                          f"{at(frozen)!r} in the run): continue the run as it was with `evotrainer resume "
+                          f"{cfg.run_dir}`, or start a new run with another --run-dir")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from evotrainer.config import load_config
     from evotrainer.loop.validate import validate_resources
@@ -49,6 +83,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if not (Path(cfg.run_dir) / "state.json").is_file():   # a new run: its config is checked first, light
         validate_resources(cfg, loop=True)
+    else:                       # --resume: the run continues under the config frozen in it, or not at all
+        _same_config(cfg, args.config)
     from evotrainer.loop.experiment import Experiment
     from evotrainer.loop.progress import RichProgress
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from evotrainer.cli.errors import number
+from evotrainer.config import ConfigError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
@@ -50,13 +51,27 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
+def read_evidence(path: str) -> Evidence:
+    """The --evidence file, or a ConfigError naming the file and where its JSON went wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--evidence {path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--evidence {path}: not a UTF-8 text file") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--evidence {path}: expected a JSON object (a health report, or "
+                          f"{{health_report, skills, history, known_hashes}}), got a {type(data).__name__}")
+    return Evidence.from_dict(data)
+
+
 def run_mutate(args: argparse.Namespace) -> int:
     from evotrainer.operators.registry import accepted_kwargs, get_operator
 
     parents = [HarnessProgram.from_file(args.path)]
     if args.second_parent:
         parents.append(HarnessProgram.from_file(args.second_parent))
-    evidence = Evidence.from_dict(json.loads(Path(args.evidence).read_text())) if args.evidence else Evidence()
+    evidence = read_evidence(args.evidence) if args.evidence else Evidence()
     evidence.allow_multi_factor = evidence.allow_multi_factor or args.allow_multi_factor
     if args.failed_child:
         evidence.failed_source = Path(args.failed_child).read_text()

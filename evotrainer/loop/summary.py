@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evotrainer.loop.budgets import TIME_LABELS
+from evotrainer.tracking.view import local_experiment_id, ui_url
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -55,4 +56,7 @@ def print_summary(exp: Experiment, console: Console | None = None) -> None:
     if wall and parts:
         console.print("where the time went: "
                       + ", ".join(f"{name} {v / wall:.1%}" for name, v in parts if v / wall >= 0.001))
-    console.print(f"open the lineage in MLflow: mlflow ui --backend-store-uri sqlite:///{exp.run_dir}/mlflow.db")
+    # The bare UI opens MLflow 3's GenAI overview; the URL opens the genealogy table (docs/mlflow.md).
+    eid = local_experiment_id(exp.run_dir)
+    console.print(f"open the lineage in MLflow: mlflow ui --backend-store-uri sqlite:///{exp.run_dir}/mlflow.db"
+                  + (f"\n  then {ui_url(eid)}" if eid else ""), soft_wrap=True)

@@ -32,7 +32,9 @@ from typing import Any
 
 from evotrainer.records.version import BranchVersion, VersionDir
 from evotrainer.tracking.plots import fitness_plot, genealogy_plot, load_versions
-from evotrainer.tracking.view import NOTE, experiment_description, run_description, run_name
+from evotrainer.tracking.view import (KIND, KIND_TAG, NOTE, VIEW_TAG, experiment_description, run_description,
+                                      run_name, table_view)
+from evotrainer.tracking.view import experiment_name as view_experiment_name
 
 TAG = "evotrainer."
 VERSION_TAG = TAG + "version_id"
@@ -84,7 +86,7 @@ class LineageTracker:
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracking_uri = tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
-        self.experiment_name = experiment_name or f"evotrainer:{self.run_dir.name}"
+        self.experiment_name = experiment_name or view_experiment_name(self.run_dir)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self._runs: dict[str, str] = {}          # version id -> run id (cache of tag look-ups)
         self._recording: set[str] = set()
@@ -94,9 +96,14 @@ class LineageTracker:
             local = self.tracking_uri.startswith(("sqlite:", "file:")) or "://" not in self.tracking_uri
             location = (self.run_dir / "mlartifacts").as_uri() if local else None
             self.experiment_id = self.client.create_experiment(
-                self.experiment_name, artifact_location=location, tags={TAG + "run_dir": str(self.run_dir)})
+                self.experiment_name, artifact_location=location,
+                tags={TAG + "run_dir": str(self.run_dir), KIND_TAG: KIND, VIEW_TAG: table_view()})
         else:
             self.experiment_id = exp.experiment_id
+            # an experiment recorded before these tags existed, or a view the code has changed since
+            for key, value in ((KIND_TAG, KIND), (VIEW_TAG, table_view())):
+                if exp.tags.get(key) != value:
+                    self.client.set_experiment_tag(self.experiment_id, key, value)
 
     # ---- look-ups ------------------------------------------------------------------------------------
     def _find(self, tag: str, value: str) -> str | None:
@@ -201,7 +208,8 @@ class LineageTracker:
             self.client.log_artifact(run_id, str(f))
         self.client.set_terminated(run_id, "FINISHED")
         self.client.set_experiment_tag(self.experiment_id, NOTE,
-                                       experiment_description(load_versions(self.run_dir), run_id))
+                                       experiment_description(load_versions(self.run_dir), run_id,
+                                                              self.experiment_id))
         return run_id
 
     # ---- pieces --------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import html
 import io
+import os
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -133,6 +135,24 @@ def fitness_figure(versions: list[BranchVersion], title: str = "") -> Figure:
     return fig
 
 
+def save_png(fig: Figure, path: Path) -> None:
+    """Write a PNG atomically (temp file + rename): ``lineage --plot`` and a live run's own plotting may
+    draw into the same RUN_DIR/plots, and a reader (the MLflow upload, a browser) must never see half a
+    file; the last writer wins whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=110)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)                # a picture to open and share, unlike mkstemp's private mode
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def _svg(fig: Figure) -> str:
     buf = io.StringIO()
     # Text stays text (searchable, selectable); a fixed salt keeps the file stable between redraws.
@@ -189,7 +209,7 @@ def genealogy_plot(run_dir: str | Path, out_dir: str | Path | None = None) -> tu
     title = f"genealogy: {run_dir.resolve().name}"
     fig = genealogy_figure(versions, title)
     png, page = out / "genealogy.png", out / "genealogy.html"
-    fig.savefig(png, dpi=110)
+    save_png(fig, png)
     write_atomic(page, genealogy_html(versions, title, [fig, fitness_figure(versions)]))
     page.chmod(0o644)                       # a page to open and share, unlike the private temp file mode
     return png, page
@@ -200,5 +220,5 @@ def fitness_plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     path = Path(out) if out else run_dir / "plots" / "fitness.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fitness_figure(load_versions(run_dir), f"fitness: {run_dir.resolve().name}").savefig(path, dpi=110)
+    save_png(fitness_figure(load_versions(run_dir), f"fitness: {run_dir.resolve().name}"), path)
     return path

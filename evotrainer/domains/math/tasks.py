@@ -186,12 +186,31 @@ def _levels(difficulty: int | Sequence[int]) -> list[int]:
 
 def _draw(n: int, levels: list[int], seed: int) -> list[dict]:
     """n distinct problems, levels assigned round-robin (exact proportions, deterministic)."""
+    for lvl in dict.fromkeys(levels):    # say what was asked before drawing any of it
+        need = sum(1 for i in range(n) if levels[i % len(levels)] == lvl)
+        cap = level_capacity(lvl)
+        if cap is not None and need > cap:
+            raise ValueError(f"math difficulty {lvl} has only {cap} distinct problems, but {n} tasks over "
+                             f"levels {levels} take {need} of them; ask for at most "
+                             f"{_largest_n(cap, lvl, levels)} tasks in all, or mix in other levels")
     streams = {lvl: _level_stream(lvl, seed) for lvl in dict.fromkeys(levels)}
     out = []
     for i in range(n):
         lvl = levels[i % len(levels)]
         out.append({**streams[lvl](), "level": lvl})
     return out
+
+
+def _largest_n(cap: int, lvl: int, levels: list[int]) -> int:
+    """The most tasks round-robin over ``levels`` can draw before level ``lvl`` runs out."""
+    full, rest = divmod(cap, levels.count(lvl))
+    n = full * len(levels)
+    for i in range(len(levels)):             # then the start of one more cycle, up to the next lvl
+        if levels[i] == lvl:
+            if rest == 0:
+                return n + i
+            rest -= 1
+    return n + len(levels)
 
 
 def _to_task(p: dict, split: str, index: int) -> Task:
