@@ -100,7 +100,10 @@ CASES = {
                              2, "knobz"),
     "run unsandboxed with llm operators": (lambda t: ["run", train_cfg(t, sandbox=False, **{
         "evolution.operators": {"llm_diff": 1.0}})], 2, "sandbox"),
-    "run empty config": (lambda t: ["run", (t / "empty.yaml", (t / "empty.yaml").write_text(""))[0]], 2, "domain"),
+    # An empty config is valid now (its split defaults fit the generator); asking for more level-1
+    # problems than exist is the error, and it says how many fit.
+    "run too many level-1 tasks": (lambda t: ["run", train_cfg(t, **{"domain.difficulty": 1, "domain.n_train": 200})],
+                                   2, "at most 100 tasks"),
     "report garbage folder": (lambda t: ["report", garbage(t)], 2, "meta.json"),
     "backtest on garbage folder": (lambda t: ["backtest", REFERENCE, "--on", garbage(t)], 2, "meta.json"),
     "genome check num_generations 1": (lambda t: ["genome", "check", genome_with(

@@ -30,6 +30,9 @@ def test_mutate_names_a_garbled_evidence_file(tmp_path):
 
 
 def test_empty_config_defaults_fit_the_generator():
+    from evotrainer.loop.validate import validate_resources
+
+    validate_resources(parse_config({}), loop=True)        # what `run` checks before any compute
     d = parse_config({}).domain
     splits = make_splits(d.n_train, d.n_heldout, d.n_test, d.difficulty, d.seed)
     assert [len(splits[s]) for s in ("train", "heldout", "test")] == [d.n_train, d.n_heldout, d.n_test]
