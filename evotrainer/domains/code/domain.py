@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evotrainer.domains.base import Domain
-from evotrainer.domains.code.executor import CodeExecutor, ExecLimits, ExecResult, Program
+from evotrainer.domains.code.executor import ExecLimits, ExecResult, Program
 from evotrainer.domains.code.generated import make_splits
 from evotrainer.domains.code.hacks import hardcoded_flag, static_flags
 from evotrainer.domains.code.humaneval import DIFFICULTY as HUMANEVAL_LEVEL, humaneval_splits
 from evotrainer.domains.code.loaders import load_code_tasks
 from evotrainer.domains.code.parsing import extract_program
+from evotrainer.domains.code.sandboxed import SandboxedDomain
 from evotrainer.domains.task import SPLITS, Task, text_key
 
 LEVELS = (1, 2, 3, HUMANEVAL_LEVEL)
@@ -44,7 +44,7 @@ def _levels(difficulty: int | Sequence[int]) -> list[int]:
     return levels
 
 
-class CodeDomain(Domain):
+class CodeDomain(SandboxedDomain):
     name = "code"
 
     def __init__(self, n_train: int | None = None, n_heldout: int | None = None, n_test: int | None = None,
@@ -54,8 +54,7 @@ class CodeDomain(Domain):
         if leak_share:
             raise ValueError("leak_share plants answers in math prompts only; set domain.leak_share to 0 for code")
         self.seed, self.difficulty = seed, difficulty
-        self._workers, self._limits = workers, limits
-        self._executor: CodeExecutor | None = None
+        super().__init__(workers, limits)
         sizes = {"train": n_train, "heldout": n_heldout, "test": n_test}
         self._splits = self._from_files(files, sizes, format) if files else self._generate(sizes)
 
@@ -108,20 +107,6 @@ class CodeDomain(Domain):
         return list(self._splits[split])
 
     # -- grading -------------------------------------------------------------------------------
-    @property
-    def executor(self) -> CodeExecutor:
-        if self._executor is None:
-            self._executor = CodeExecutor(self._workers, self._limits)
-        return self._executor
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
-
-    def verify(self, task: Task, completion: str) -> dict[str, Any]:
-        return self.verify_batch([task], [completion])[0]
-
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[dict[str, Any]]:
         if len(tasks) != len(completions):
             raise ValueError(f"{self.name}: {len(tasks)} tasks but {len(completions)} completions")

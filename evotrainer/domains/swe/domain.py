@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evotrainer.domains.base import Domain
-from evotrainer.domains.code.executor import CodeExecutor, ExecLimits
+from evotrainer.domains.code.executor import ExecLimits
+from evotrainer.domains.code.sandboxed import SandboxedDomain
 from evotrainer.domains.code.hacks import static_flags
 from evotrainer.domains.swe.environment import EnvLimits, SWEEnvironment
 from evotrainer.domains.swe.generator import LEVELS, make_split
@@ -48,7 +48,7 @@ def extract_patch(completion: str) -> tuple[str, str]:
     return (completion[m.start():], "raw") if m else ("", "none")
 
 
-class SWEDomain(Domain):
+class SWEDomain(SandboxedDomain):
     name = "swe"
 
     def __init__(self, n_train: int | None = None, n_heldout: int | None = None, n_test: int | None = None,
@@ -61,8 +61,7 @@ class SWEDomain(Domain):
         if not 0.0 <= leak_share <= 1.0:
             raise ValueError(f"leak_share must be in [0, 1], got {leak_share}")
         self.seed, self.levels, self.leak_share = seed, levels, leak_share
-        self._workers, self._limits = workers, limits
-        self._executor: CodeExecutor | None = None
+        super().__init__(workers, limits)
         self._trees: dict[tuple[str, str], dict[str, str]] = {}
         sizes = {"train": n_train, "heldout": n_heldout, "test": n_test}
         if files:
@@ -112,21 +111,7 @@ class SWEDomain(Domain):
         leak channel, present only in leaky train repositories)."""
         return SWEEnvironment(self.repo_files(task), task.visible.get("history"), self.executor, limits)
 
-    @property
-    def executor(self) -> CodeExecutor:
-        if self._executor is None:
-            self._executor = CodeExecutor(self._workers, self._limits)
-        return self._executor
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
-
     # -- grading -------------------------------------------------------------------------------
-    def verify(self, task: Task, completion: str) -> dict[str, Any]:
-        return self.verify_batch([task], [completion])[0]
-
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[dict[str, Any]]:
         if len(tasks) != len(completions):
             raise ValueError(f"{self.name}: {len(tasks)} tasks but {len(completions)} completions")
