@@ -14,7 +14,6 @@ outcomes and is what ``evotrainer domain verify`` prints. Neither raises on any 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from evotrainer.domains.code.humaneval import DIFFICULTY as HUMANEVAL_LEVEL, hum
 from evotrainer.domains.code.loaders import load_code_tasks
 from evotrainer.domains.code.parsing import extract_program
 from evotrainer.domains.code.sandboxed import SandboxedDomain
+from evotrainer.domains.file_splits import splits_from_files
 from evotrainer.domains.task import SPLITS, Task, text_key
 
 LEVELS = (1, 2, 3, HUMANEVAL_LEVEL)
@@ -73,24 +73,9 @@ class CodeDomain(SandboxedDomain):
         return {s: gen[s] + he[s] for s in SPLITS}
 
     def _from_files(self, files: dict[str, str | Path], sizes: dict[str, int | None], fmt: str) -> dict[str, list[Task]]:
-        unknown = set(files) - set(SPLITS)
-        if unknown:
-            raise ValueError(f"files: unknown split(s) {sorted(unknown)}; use {SPLITS}")
         rng = random.Random(f"evotrainer-code-files-{self.seed}")
-        splits = {s: load_code_tasks(files[s], s, fmt) if s in files else [] for s in SPLITS}
-        if "heldout" not in files and splits["train"] and sizes["heldout"] != 0:
-            n_held = sizes["heldout"] or max(1, round(HELDOUT_SHARE * len(splits["train"])))
-            if n_held >= len(splits["train"]):
-                raise ValueError(f"cannot carve {n_held} heldout tasks out of {len(splits['train'])} train tasks")
-            picked = set(rng.sample(range(len(splits["train"])), n_held))
-            train = splits["train"]
-            splits["heldout"] = [dataclasses.replace(t, split="heldout") for i, t in enumerate(train) if i in picked]
-            splits["train"] = [t for i, t in enumerate(train) if i not in picked]
-        for s in SPLITS:
-            k = sizes[s]
-            if k is not None and k < len(splits[s]):
-                keep = sorted(rng.sample(range(len(splits[s])), k))
-                splits[s] = [splits[s][i] for i in keep]
+        splits = splits_from_files(files, sizes, lambda path, split: load_code_tasks(path, split, fmt), rng,
+                                   HELDOUT_SHARE)
         owner: dict[str, str] = {}
         for s in SPLITS:
             for t in splits[s]:

@@ -8,7 +8,6 @@ error, because a train/eval overlap silently inflates every held-out score the g
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from evotrainer.domains.base import Domain
 from evotrainer.domains.math.loaders import load_jsonl_tasks
 from evotrainer.domains.math.tasks import make_splits, plant_leak
 from evotrainer.domains.math.verifier import verify_math
+from evotrainer.domains.file_splits import splits_from_files
 from evotrainer.domains.task import SPLITS, Task, text_key
 
 DEFAULT_SIZES = {"train": 128, "heldout": 32, "test": 32}
@@ -56,28 +56,9 @@ class MathDomain(Domain):
 
     def _from_files(self, files: dict[str, str | Path], sizes: dict[str, int | None],
                     fmt: str) -> dict[str, list[Task]]:
-        unknown = set(files) - set(SPLITS)
-        if unknown:
-            raise ValueError(f"files: unknown split(s) {sorted(unknown)}; use {SPLITS}")
         rng = random.Random(f"evotrainer-math-files-{self.seed}")
-        splits = {s: load_jsonl_tasks(files[s], s, fmt) if s in files else [] for s in SPLITS}
-        if "heldout" not in files and splits["train"] and sizes["heldout"] != 0:
-            n_held = sizes["heldout"]
-            if n_held is None:
-                n_held = max(1, round(HELDOUT_SHARE * len(splits["train"])))
-            if n_held >= len(splits["train"]):
-                raise ValueError(f"cannot carve {n_held} heldout tasks out of "
-                                 f"{len(splits['train'])} train tasks")
-            picked = set(rng.sample(range(len(splits["train"])), n_held))
-            train = splits["train"]
-            splits["heldout"] = [dataclasses.replace(t, split="heldout")
-                                 for i, t in enumerate(train) if i in picked]
-            splits["train"] = [t for i, t in enumerate(train) if i not in picked]
-        for s in SPLITS:
-            k = sizes[s]
-            if k is not None and k < len(splits[s]):
-                keep = sorted(rng.sample(range(len(splits[s])), k))
-                splits[s] = [splits[s][i] for i in keep]
+        splits = splits_from_files(files, sizes, lambda path, split: load_jsonl_tasks(path, split, fmt), rng,
+                                   HELDOUT_SHARE)
         _check_disjoint(splits)
         splits["train"] = plant_leak(splits["train"], self.leak_share, self.seed)
         return splits
