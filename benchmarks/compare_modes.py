@@ -10,6 +10,13 @@ with where that time went.
 
     python benchmarks/compare_modes.py [--config examples/quickstart.yaml] [--seeds 0,1,2] [--steps 12]
     python benchmarks/compare_modes.py --model tiny-random --steps 4 --seeds 0,1   # smoke run
+
+Runs go seed by seed (reference, then the other modes, for seed 0, then seed 1, ...) so that a
+stopped benchmark still holds paired results. With ``--json`` every finished run is written at once
+and a rerun with the same ``--json`` skips the runs already there (delete the file to start over).
+For the modes that change harnesses, each run also records every child it tried: the operator, the
+intervention, its gate status, the paired held-out delta and the post-training verdict on its
+hypothesis; the summary prints confirmation rates and the interventions on the winner's lineage.
 """
 
 from __future__ import annotations
@@ -64,6 +71,42 @@ def test_scores(exp: Experiment, vid: str) -> dict[str, list[float]]:
     return by_seed(task_scores(rollouts))
 
 
+def children(exp: Experiment) -> list[dict]:
+    """Every proposed child: who proposed what, how its gate went and what became of its hypothesis."""
+    out = []
+    for vid in exp.versions():
+        m = exp.vdir(vid).meta()
+        if m.operator is None:
+            continue
+        iv = m.intervention or {}
+        details = iv.get("details") or {}
+        paired = (m.decision or {}).get("paired") or {}
+        out.append({"id": vid, "parents": m.parents, "generation": m.generation, "operator": m.operator,
+                    "factor": m.factor, "entry": details.get("entry"), "knob": details.get("knob"),
+                    "new": details.get("new"), "hypothesis": iv.get("hypothesis"), "status": m.status,
+                    "invalid": m.is_invalid, "heldout": m.heldout_accuracy,
+                    "paired_delta": paired.get("mean_delta"), "ci": [paired.get("ci_low"), paired.get("ci_high")],
+                    "verdict": (m.hypothesis or {}).get("verdict"), "verdict_reason": (m.hypothesis or {}).get("reason")})
+    return out
+
+
+def lineage(exp: Experiment, vid: str) -> list[str]:
+    """``vid`` and its first parents back to the seed, oldest first."""
+    chain = []
+    while vid:
+        chain.append(vid)
+        parents = exp.vdir(vid).meta().parents
+        vid = parents[0] if parents else None
+    return chain[::-1]
+
+
+def label(child: dict) -> str:
+    what = child["entry"] or child["factor"] or "?"
+    if child["knob"]:
+        what = f"{child['knob']}={child['new']}"
+    return f"{child['operator']}:{what}"
+
+
 def mean_score(scores: dict[str, list[float]]) -> float:
     return statistics.fmean(v for vs in scores.values() for v in vs)
 
@@ -100,8 +143,15 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="compare-modes-"))
     results: dict[str, list[dict]] = {}
-    for mode in args.modes.split(","):
-        for seed in map(int, args.seeds.split(",")):
+    done = Path(args.json) if args.json else None
+    if done and done.exists():
+        results = json.loads(done.read_text())["results"]
+        print(f"resuming from {done}: " + ", ".join(f"{m} seeds {[r['seed'] for r in rs]}" for m, rs in results.items()))
+    exp = None
+    for seed in map(int, args.seeds.split(",")):
+        for mode in args.modes.split(","):
+            if any(r["seed"] == seed for r in results.get(mode, [])):
+                continue
             cfg = load_config(args.config)
             cfg.seed, cfg.evolution.mode = seed, mode
             cfg.evolution.budget.train_steps = args.steps
@@ -125,10 +175,15 @@ def main() -> None:
             scores = by_seed(task_scores(exp.vdir(best.id).rollouts("heldout")))
             row = {"seed": seed, "best": best.id, "heldout": best.metrics["heldout_accuracy"], "scores": scores,
                    "versions": len(exp.versions()), **timing(exp)}
+            if mode != "reference":
+                row["children"] = children(exp)
+                row["lineage"] = lineage(exp, best.id)
             if not args.no_test:
                 row["test_scores"] = test_scores(exp, best.id)
                 row["test"] = mean_score(row["test_scores"])
             results.setdefault(mode, []).append(row)
+            if done:
+                done.write_text(json.dumps({"args": vars(args), "base_test": None, "results": results}, indent=2))
             test = f" test {row['test']:.3f}," if "test" in row else ""
             print(f"{mode:>13} seed {seed}: best {best.id} held-out {row['heldout']:.3f},{test} {row['versions']} versions, "
                   f"wall {row['wall_s']:.0f} s, overhead {row['overhead_share']:.1%} ("
@@ -137,6 +192,14 @@ def main() -> None:
     from evotrainer.fitness.paired_stats import decide_promotion
 
     base = None
+    if exp is None:   # everything came from --json: load one run for the base-model score
+        cfg = load_config(args.config)
+        if args.model:
+            cfg.model = args.model
+        for item in args.set:
+            override(cfg, item)
+        cfg.run_dir = str(root / "base-model")
+        exp = Experiment(cfg)
     if not args.no_test:  # the untrained base model on the same split: does training help at all?
         tc = exp.cfg.train
         rt = exp.runtime
@@ -175,8 +238,39 @@ def main() -> None:
     wall = sum(r["wall_s"] for rows in results.values() for r in rows)
     print("where the time outside generation and gradient steps went (all runs): "
           + ", ".join(f"{k} {v / wall:.1%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])))
+    report_children(results)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "base_test": base, "results": results}, indent=2))
+
+
+def report_children(results: dict[str, list[dict]]) -> None:
+    """What the harness-changing modes tried, what was promoted, how often hypotheses held."""
+    for mode, rows in results.items():
+        kids = [c for r in rows for c in r.get("children", [])]
+        if not kids:
+            continue
+        judged = [c for c in kids if c["verdict"] in ("confirmed", "refuted")]
+        confirmed = sum(c["verdict"] == "confirmed" for c in judged)
+        print(f"\n{mode}: {len(kids)} children over {len(rows)} runs; hypotheses judged {len(judged)}, "
+              f"confirmed {confirmed} ({confirmed / len(judged):.0%})" if judged else
+              f"\n{mode}: {len(kids)} children over {len(rows)} runs; no hypothesis could be judged")
+        by: dict[str, list[dict]] = {}
+        for c in kids:
+            by.setdefault(label(c), []).append(c)
+        print(f"  {'intervention':<40} tried  promoted  kept(tie)  rejected  pruned  invalid  confirmed/judged  mean paired Δ")
+        for name, cs in sorted(by.items(), key=lambda kv: -len(kv[1])):
+            deltas = [c["paired_delta"] for c in cs if isinstance(c["paired_delta"], (int, float))]
+            j = [c for c in cs if c["verdict"] in ("confirmed", "refuted")]
+            print(f"  {name:<40} {len(cs):>5}  {sum(c['status'] == 'promoted' for c in cs):>8}  "
+                  f"{sum(c['status'] == 'kept' for c in cs):>9}  {sum(c['status'] == 'rejected' for c in cs):>8}  "
+                  f"{sum(c['status'] == 'pruned' for c in cs):>6}  "
+                  f"{sum(c['invalid'] for c in cs):>7}  {sum(c['verdict'] == 'confirmed' for c in j):>9}/{len(j):<6}  "
+                  + (f"{statistics.fmean(deltas):+.3f}" if deltas else "-"))
+        for r in rows:
+            on_path = {c["id"]: c for c in r.get("children", [])}
+            steps = [label(on_path[v]) for v in r.get("lineage", []) if v in on_path]
+            print(f"  seed {r['seed']}: best {r['best']} (test {r.get('test', float('nan')):.3f}) came through: "
+                  + (" -> ".join(steps) if steps else "no harness change (a continuation of the seed harness)"))
 
 
 if __name__ == "__main__":
