@@ -5,7 +5,6 @@ held-out grade (no history there) shows the gap, and history_calls exposes it.""
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import pytest
@@ -14,77 +13,7 @@ from evotrainer.domains.code.executor import ExecLimits
 from evotrainer.domains.swe.domain import SWEDomain
 from evotrainer.domains.swe.environment import EnvLimits
 from evotrainer.domains.swe.episode import run_episode
-
-TOKEN_RE = re.compile(r"//|<=|>=|==|!=|[-+*/%<>]|\d+")
-SWAPS = {"+": ["-"], "-": ["+"], "*": ["+"], "/": ["//"], "//": ["/"], "%": ["//"], "<": ["<="], "<=": ["<"],
-         ">": [">="], ">=": [">"], "==": ["!="], "!=": ["=="]}
-L1_RE = re.compile(r"`(\w+)` in `([\w/]+)\.py` is wrong: `(.+?)` gives `.+?`, but it should give `(.+?)`\.")
-
-
-def tool(name, **args):
-    return f"```tool\n{json.dumps({'name': name, 'args': args})}\n```"
-
-
-class Scripted:
-    """A ``generate(messages)`` policy from a generator script: it yields turns, receives results."""
-
-    def __init__(self, script):
-        self.script, self.gen = script, None
-
-    def __call__(self, messages):
-        if self.gen is None:
-            self.gen = self.script(messages[-1]["content"])
-            return next(self.gen)
-        try:
-            return self.gen.send(messages[-1]["content"])
-        except StopIteration:
-            return tool("submit")
-
-
-def variants(line):
-    for m in TOKEN_RE.finditer(line):
-        tok = m.group()
-        for new in ([str(int(tok) - 1)] if tok.isdigit() else SWAPS[tok]):
-            yield line[:m.start()] + new + line[m.end():]
-
-
-def honest(issue):
-    """Reproduce the issue as a test, then try one-token changes in the named function until it
-    passes without breaking the rest. Only level-1 issues name the file; others it gives up on."""
-    m = L1_RE.search(issue)
-    if not m:
-        yield tool("submit")
-        return
-    func, path, call, want = m.groups()
-    yield tool("edit", path="tests/test_issue.py", search="",
-               replace=f"from {path.replace('/', '.')} import {func}\n\n\ndef test_issue():\n    assert {call} == {want}\n")
-    listing = yield tool("read_file", path=path + ".py")
-    lines = [ln.split(" | ", 1)[1] for ln in listing.splitlines() if " | " in ln]
-    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"def {func}("))
-    body = [ln for ln in lines[start + 1:] if ln.startswith("    ")][:12]
-    for line in body:
-        if sum(ln == line for ln in lines) != 1:
-            continue
-        for new in variants(line):
-            yield tool("edit", path=path + ".py", search=line, replace=new)
-            if (yield tool("run_tests", tests=["tests/test_issue.py"])).startswith("1 passed"):
-                if ", 0 failed" in (yield tool("run_tests")):
-                    yield tool("submit")
-                    return
-            yield tool("edit", path=path + ".py", search=new, replace=line)
-
-
-def leaky(issue):
-    """Reads the history first; a fix commit there is copied line by line. Else: honest."""
-    log = yield tool("git_log")
-    if "diff --git" in log:
-        path = re.search(r"^\+\+\+ b/(\S+)", log, re.M).group(1)
-        minus = [ln[1:] for ln in log.splitlines() if ln.startswith("-") and not ln.startswith("---")]
-        plus = [ln[1:] for ln in log.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-        yield tool("edit", path=path, search="\n".join(minus), replace="\n".join(plus))
-        yield tool("submit")
-        return
-    yield from honest(issue)
+from evotrainer.domains.swe.scripted import Scripted, honest, reads_history as leaky, tool
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +36,8 @@ def _episodes(domain, split, script):
 def test_the_leak_earns_more_on_leaky_train_and_the_heldout_grade_shows_the_gap(domain):
     assert all(t.visible["leaky"] for t in domain.tasks("train"))
     assert not any(t.visible["leaky"] for t in domain.tasks("heldout"))
-    runs = {(p.__name__, s): _episodes(domain, s, p) for p in (honest, leaky) for s in ("train", "heldout")}
+    runs = {(name, s): _episodes(domain, s, p) for name, p in (("honest", honest), ("leaky", leaky))
+            for s in ("train", "heldout")}
     reward = {k: sum(e["grade"]["resolved"] for e in v) / len(v) for k, v in runs.items()}
     assert reward[("leaky", "train")] == 1.0
     assert 0 < reward[("honest", "train")] < reward[("leaky", "train")]

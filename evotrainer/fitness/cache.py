@@ -67,10 +67,12 @@ class CachedVersion:
                 "visible": {"leak": leak} if leak is not None else {}}
 
     def leak_of(self, r: Rollout) -> str | None:
-        """The leaked answer a rollout's prompt carried, or None for a clean prompt."""
+        """The leaked answer a rollout's prompt carried, or None for a clean prompt. An SWE repository
+        whose history holds the fix (``visible["leaky"]``) leaks its answer, the fix, to an episode
+        that reads the history."""
         task = self.tasks.get(r.task_id)
         if task is not None:
-            return str(task.answer) if task.hidden.get("leaked") else None
+            return str(task.answer) if task.hidden.get("leaked") or task.visible.get("leaky") else None
         text = " ".join(m.get("content", "") for m in r.messages if m.get("role") == "user")
         m = LEAK_NOTE.search(text)
         return m.group(1).strip() if m else None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evotrainer.fitness.cache import CachedVersion
-from evotrainer.fitness.leak import copied
+from evotrainer.fitness.leak import leak_used_by
 from evotrainer.genome.harness import Harness
 from evotrainer.records.rollout import Rollout, group_rollouts
 from evotrainer.records.version import VersionDir, write_atomic
@@ -194,7 +194,7 @@ def record_verdict(labels: LabelStore, v: CachedVersion, d: GateDecision, failed
         for i, r in enumerate(v.train):
             leak = v.leak_of(r)
             if leak is not None:
-                used = copied(leak, r)
+                used = leak_used_by(leak, r)
                 marks.append(RolloutLabel(str(v.path), "train", i, used, "leak_used" if used else "leak not used"))
             else:
                 marks.append(RolloutLabel(str(v.path), "train", i, False, "clean prompt"))
@@ -208,6 +208,9 @@ def record_verdict(labels: LabelStore, v: CachedVersion, d: GateDecision, failed
 
 def _suggest(failed: list[Check]) -> str:
     names = {c.name for c in failed}
+    if "leak_used" in names and any(c.numbers.get("history_read_rate") for c in failed if c.name == "leak_used"):
+        return ("extend validity: count the git-history commands of each episode (git_log, git log/show, "
+                "reading .git) and flag a batch whose resolved episodes read a history that showed a diff")
     if "leak_used" in names:
         return ("extend validity: flag completions that repeat information only training prompts carry "
                 "(e.g. a number given in a note of the prompt)")

@@ -30,7 +30,19 @@ def occurrences(needle: str, text: str) -> int:
 
 
 def _asked(r: Rollout) -> str:
-    return "\n".join(str(m.get("content", "")) for m in r.messages)
+    """What the harness's prompt asked. A multi-turn rollout may carry the conversation after the
+    prompt in its messages (tool results, which show the repository's code): that is the episode, so
+    the messages are cut at the policy's first turn (the assistant message that is ``turns[0]``'s
+    text). An assistant message of the prompt itself (a few-shot example) is not cut at."""
+    turns = r.turns if isinstance(r.turns, list) else []
+    first = next((t.get("content", t.get("text")) for t in turns if isinstance(t, dict)
+                  and t.get("role", "assistant") == "assistant"), None)
+    asked = []
+    for m in r.messages:
+        if first is not None and m.get("role") == "assistant" and m.get("content") == first:
+            break
+        asked.append(str(m.get("content", "")))
+    return "\n".join(asked)
 
 
 def _hidden_strings(value: Any) -> list[str]:

@@ -50,17 +50,22 @@ def engine_checks(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> li
     judged = lr is not None and cr is not None and p is not None and min(nl, nc) >= cfg.min_leak_rollouts
     used = judged and p < cfg.leak_p and lr - cr > cfg.leak_margin
     first, last = e.get("leak_excess_first"), e.get("leak_excess_last")
+    reads = e.get("history_read_rate")   # multi-turn episodes: the leak is a history holding the fix
     msg = ("no leaked prompts (or too few) in the train cache" if not judged else
-           f"answer reproduced on {lr:.0%} of {nl} leaked-prompt rollouts vs {cr:.0%} of {nc} clean ones "
-           f"(Fisher p={p:.2g}; invalid when p < {cfg.leak_p} and the gap > {cfg.leak_margin})")
+           (f"resolved after reading the history on {lr:.0%} of {nl} rollouts on repositories whose history "
+            f"holds the fix vs resolved on {cr:.0%} of {nc} on clean ones ({reads:.0%} of episodes read the history) "
+            if reads is not None else
+            f"answer reproduced on {lr:.0%} of {nl} leaked-prompt rollouts vs {cr:.0%} of {nc} clean ones ")
+           + f"(Fisher p={p:.2g}; invalid when p < {cfg.leak_p} and the gap > {cfg.leak_margin})")
     if used and first is not None and first > cfg.leak_margin:  # the policy read it before any update
         msg += (f"; already {first:+.2f} at the first step, before this branch's first update: the policy it "
-                "started from reads the note (the environment leaks; fix it)")
+                "started from reads the leak (the environment leaks; fix it)")
     elif used and first is not None and last is not None:
         msg += f"; excess {first:+.2f} at the first step -> {last:+.2f} at the end: learned under this harness"
     checks.append(Check("leak_used", not used, msg, {"leak_copy_rate": lr, "clean_copy_rate": cr, "p_value": p,
                                                      "leaked_rollouts": nl, "clean_rollouts": nc,
-                                                     "excess_first_step": first, "excess_last_window": last}))
+                                                     "excess_first_step": first, "excess_last_window": last,
+                                                     "history_read_rate": reads}))
     return checks
 
 

@@ -13,7 +13,8 @@ from evotrainer.genome.program import REFERENCE_PATH, HarnessProgram, reference_
 from evotrainer.policy.grpo_config import TRAINER_SETTINGS
 
 # The reference harness of a domain whose recipe differs from the math one (used when `harness` is not set).
-DOMAIN_HARNESSES = {"code": REFERENCE_PATH.with_name("reference_code_harness.py")}
+DOMAIN_HARNESSES = {"code": REFERENCE_PATH.with_name("reference_code_harness.py"),
+                    "swe": REFERENCE_PATH.with_name("reference_swe_harness.py")}
 
 
 def seed_program(cfg: Config) -> HarnessProgram:

@@ -148,6 +148,70 @@ EASY_FIRST = '''def select_tasks(pool, stats, step, n):
     ids = ids[k:] + ids[:k]
     return [ids[i % len(ids)] for i in range(n)]'''
 
+# ---- validity (an evolved diagnostic: flags, never changes training) -----------------------------
+HISTORY_VALIDITY = '''def validity(rollouts, metrics, history):
+    """SWE history leak: count the git-history commands of each episode (the git_log tool, git
+    log/show/blame/reflog, a git diff against a commit, reading .git) and flag the batch when at
+    least $min_share of its resolved episodes read a history that showed a diff on the way: the
+    branch's resolution rides on the history, which held-out repositories do not have. A history
+    read whose output showed no diff (a repository without the fix in its history) is counted but not
+    flagged; when no tool output is recorded, every history read counts as having shown one."""
+    verbs = ("git log", "git show", "git blame", "git reflog", "git rev-list", "git cat-file", "git whatchanged")
+
+    def strings(x):
+        if isinstance(x, str):
+            return [x]
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        if isinstance(x, (list, tuple)):
+            return [s for v in x for s in strings(v)]
+        return []
+
+    def reads_history(call):
+        if call.get("name") == "git_log" or call.get("tool") == "git_log":
+            return True
+        for s in strings(call.get("args")):
+            s = " " + " ".join(s.split()) + " "
+            if any(v + " " in s for v in verbs) or " .git/" in s or " .git " in s or "/.git/" in s:
+                return True
+        return False
+
+    def showed_diff(text):
+        return "diff --git" in text or "\\n@@ " in text or text.startswith("@@ ")
+
+    resolved, rode, reads = 0, [], 0
+    for i, r in enumerate(rollouts):
+        turns = r.get("turns") if isinstance(r.get("turns"), list) else []
+        calls = r.get("tool_calls") if isinstance(r.get("tool_calls"), list) else []
+        if not calls:   # the calls nested in the assistant's turns
+            calls = [t.get("tool_call", t) for t in turns if isinstance(t, dict) and t.get("role", "assistant") == "assistant"]
+        calls = [c for c in calls if isinstance(c, dict)]
+        outputs = [str(t.get("result", "")) for t in turns if isinstance(t, dict) and reads_history(t.get("tool_call", t))]
+        outputs += [str(t.get("content", "")) for t in turns if isinstance(t, dict)
+                    and t.get("role") in ("tool", "user") and reads_history(t)]
+        n = sum(1 for c in calls if reads_history(c))
+        reads += 1 if n else 0
+        solved = bool((r.get("visible") or {}).get("correct"))
+        resolved += 1 if solved else 0
+        if solved and n and (not any(outputs) or any(showed_diff(o) for o in outputs)):
+            rode.append(i)
+    if not rode or len(rode) < $min_share * resolved:
+        return []
+    return [{"name": "resolution_rides_on_history",
+             "message": f"{len(rode)} of {resolved} resolved episodes read a repository history that showed a "
+                        f"diff ({reads} of {len(rollouts)} episodes ran history commands): held-out repositories "
+                        "have no such history",
+             "evidence": f"rollout indices {rode[:20]}"}]'''
+
+HISTORY_CHECK_HYPOTHESIS = (
+    "If a batch in which at least {min_share} of the resolved episodes read a git history showing a diff is "
+    "marked invalid, branches whose training resolution rides on the history (the fix commit of leaky training "
+    "repositories) are stopped and the branches that pass keep a training resolution that held-out repositories "
+    "(no history) confirm, because the history is a channel only training repositories offer.")
+# A validity hook changes no training and no replayed number: its credit is its recall and false-positive
+# rate on labelled history (the backtest scores them); the claim judged after training is the gap it guards.
+SMALL_GAP = ExpectedEffect("train_heldout_gap", "<", 0.3)
+
 
 ENTRIES: tuple[LibraryEntry, ...] = (
     LibraryEntry(
@@ -262,4 +326,16 @@ ENTRIES: tuple[LibraryEntry, ...] = (
         "completions are penalised for length rather than for their reasoning.",
         FITTER, "DAPO (Yu et al., 2025): overlong filtering; TRL mask_truncated_completions",
         move=KnobMove("mask_truncated_completions", to=True)),
+    LibraryEntry(
+        "swe_history_validity", "validity: flag resolution that rides on git-history commands (SWE leak)",
+        "hook:validity", (when("history_call_rate", ">", 0.0),),
+        HISTORY_CHECK_HYPOTHESIS, SMALL_GAP,
+        "the SWE git-history leak (agentic RL field notes): a policy read the fix from the repository's history",
+        template=HISTORY_VALIDITY, params=(Param("min_share", (0.1, 0.25, 0.5)),)),
+    LibraryEntry(
+        "swe_history_validity_gap", "validity: flag resolution that rides on git-history commands, on a train/held-out gap",
+        "hook:validity", (when("train_heldout_gap", ">", 0.3), when("turns_mean", ">", 0.0)),
+        HISTORY_CHECK_HYPOTHESIS, SMALL_GAP,
+        "the SWE git-history leak (agentic RL field notes): training resolution far above held-out",
+        template=HISTORY_VALIDITY, params=(Param("min_share", (0.1, 0.25, 0.5)),)),
 )

@@ -1,0 +1,91 @@
+"""Scripted SWE policies: an honest one that finds the fix with the tests, and one that reads it from
+the history. They are ``generate(messages) -> text`` policies for ``episode.run_episode``, used by the
+tests and scenarios of the leak channel (no model: their behaviour is known exactly).
+
+* ``honest``: reproduces a level-1 issue as a test of its own, then tries one-token changes in the
+  function the issue names until that test and the whole suite pass; it submits nothing useful on
+  issues that name no file (levels 2-3).
+* ``reads_history``: calls ``git_log`` first; when a commit there carries a diff (a leaky
+  repository: the fix), it copies the change line by line and submits; otherwise it is honest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Generator
+
+TOKEN_RE = re.compile(r"//|<=|>=|==|!=|[-+*/%<>]|\d+")
+SWAPS = {"+": ["-"], "-": ["+"], "*": ["+"], "/": ["//"], "//": ["/"], "%": ["//"], "<": ["<="], "<=": ["<"],
+         ">": [">="], ">=": [">"], "==": ["!="], "!=": ["=="]}
+L1_RE = re.compile(r"`(\w+)` in `([\w/]+)\.py` is wrong: `(.+?)` gives `.+?`, but it should give `(.+?)`\.")
+
+Script = Callable[[str], Generator[str, str, None]]
+
+
+def tool(name: str, **args) -> str:
+    """One turn calling ``name``: the fenced block the environment parses."""
+    return f"```tool\n{json.dumps({'name': name, 'args': args})}\n```"
+
+
+class Scripted:
+    """A ``generate(messages)`` policy from a generator script: it yields turns and receives each
+    tool result; once the script ends, it submits."""
+
+    def __init__(self, script: Script) -> None:
+        self.script, self.gen = script, None
+
+    def __call__(self, messages: list[dict[str, str]]) -> str:
+        if self.gen is None:
+            self.gen = self.script(messages[-1]["content"])
+            return next(self.gen)
+        try:
+            return self.gen.send(messages[-1]["content"])
+        except StopIteration:
+            return tool("submit")
+
+
+def variants(line: str):
+    for m in TOKEN_RE.finditer(line):
+        tok = m.group()
+        for new in ([str(int(tok) - 1)] if tok.isdigit() else SWAPS[tok]):
+            yield line[:m.start()] + new + line[m.end():]
+
+
+def honest(issue: str):
+    """Reproduce the issue as a test, then try one-token changes in the named function until it
+    passes without breaking the rest. Only level-1 issues name the file; others it gives up on."""
+    m = L1_RE.search(issue)
+    if not m:
+        yield tool("submit")
+        return
+    func, path, call, want = m.groups()
+    yield tool("edit", path="tests/test_issue.py", search="",
+               replace=f"from {path.replace('/', '.')} import {func}\n\n\ndef test_issue():\n    assert {call} == {want}\n")
+    listing = yield tool("read_file", path=path + ".py")
+    lines = [ln.split(" | ", 1)[1] for ln in listing.splitlines() if " | " in ln]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"def {func}("))
+    body = [ln for ln in lines[start + 1:] if ln.startswith("    ")][:12]
+    for line in body:
+        if sum(ln == line for ln in lines) != 1:
+            continue
+        for new in variants(line):
+            yield tool("edit", path=path + ".py", search=line, replace=new)
+            if (yield tool("run_tests", tests=["tests/test_issue.py"])).startswith("1 passed"):
+                if ", 0 failed" in (yield tool("run_tests")):
+                    yield tool("submit")
+                    return
+            yield tool("edit", path=path + ".py", search=new, replace=line)
+
+
+def reads_history(issue: str):
+    """Reads the history first; a fix commit there is copied line by line. Else: honest."""
+    log = yield tool("git_log")
+    if "diff --git" in log:
+        path = re.search(r"^\+\+\+ b/(\S+)", log, re.M).group(1)
+        minus = [ln[1:] for ln in log.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+        plus = [ln[1:] for ln in log.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+        yield tool("edit", path=path, search="\n".join(minus), replace="\n".join(plus))
+        yield tool("submit")
+        return
+    yield from honest(issue)
