@@ -174,6 +174,9 @@ HISTORY_VALIDITY = '''def validity(rollouts, metrics, history):
             s = " " + " ".join(s.split()) + " "
             if any(v + " " in s for v in verbs) or " .git/" in s or " .git " in s or "/.git/" in s:
                 return True
+            against = s.split(" git diff ", 1)[1] if " git diff " in s else ""
+            if "HEAD" in against or "~" in against or "^" in against:   # a diff against a commit
+                return True
         return False
 
     def showed_diff(text):

@@ -6,7 +6,7 @@ tests and scenarios of the leak channel (no model: their behaviour is known exac
   function the issue names until that test and the whole suite pass; it submits nothing useful on
   issues that name no file (levels 2-3).
 * ``reads_history``: calls ``git_log`` first; when a commit there carries a diff (a leaky
-  repository: the fix), it copies the change line by line and submits; otherwise it is honest.
+  repository: the fix), it copies the hunk (context included) and submits; otherwise it is honest.
 """
 
 from __future__ import annotations
@@ -79,13 +79,15 @@ def honest(issue: str):
 
 
 def reads_history(issue: str):
-    """Reads the history first; a fix commit there is copied line by line. Else: honest."""
+    """Reads the history first; a fix commit there is copied hunk by hunk (one hunk). Else: honest."""
     log = yield tool("git_log")
     if "diff --git" in log:
         path = re.search(r"^\+\+\+ b/(\S+)", log, re.M).group(1)
-        minus = [ln[1:] for ln in log.splitlines() if ln.startswith("-") and not ln.startswith("---")]
-        plus = [ln[1:] for ln in log.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-        yield tool("edit", path=path, search="\n".join(minus), replace="\n".join(plus))
+        hunk = log.split("\n@@", 1)[1].split("\n", 1)[1].split("\ncommit ", 1)[0].rstrip("\n").splitlines()
+        # the hunk's context comes with it, so that the old text is unique in the file
+        old = [ln[1:] for ln in hunk if ln[:1] in (" ", "-")]
+        new = [ln[1:] for ln in hunk if ln[:1] in (" ", "+")]
+        yield tool("edit", path=path, search="\n".join(old), replace="\n".join(new))
         yield tool("submit")
         return
     yield from honest(issue)
