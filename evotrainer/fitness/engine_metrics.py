@@ -97,8 +97,13 @@ def engine_alerts(m: dict[str, float | None]) -> list[dict[str, Any]]:
             "roll back to the parent; lower the learning rate or revert the last intervention")
     p, lr, cr = m.get("leak_p_value"), m.get("leak_copy_rate"), m.get("clean_copy_rate")
     if p is not None and lr is not None and cr is not None and p < 0.05 and lr - cr > 0.25:
-        add("leak_used", "critical", f"answers reproduced on {lr:.0%} of leaked prompts vs {cr:.0%} of clean ones "
-            f"(Fisher p={p:.2g})", "remove the leak from the prompts; add a validity check that detects copying")
+        if m.get("history_read_rate") is not None:   # multi-turn episodes: the repository's history leaks
+            add("leak_used", "critical", f"resolved after reading the history on {lr:.0%} of repositories whose "
+                f"history holds the fix vs {cr:.0%} of clean ones (Fisher p={p:.2g})",
+                "clear the history of training repositories; add a validity check that counts history commands")
+        else:
+            add("leak_used", "critical", f"answers reproduced on {lr:.0%} of leaked prompts vs {cr:.0%} of clean "
+                f"ones (Fisher p={p:.2g})", "remove the leak from the prompts; add a validity check that detects copying")
     trunc = m.get("truncation_rate")
     if trunc is not None and trunc > 0.5:
         add("overlong", "warning", f"{trunc:.0%} of train completions hit the token limit",

@@ -21,7 +21,7 @@ from typing import Any
 HISTORY_TOOLS = frozenset({"git_log"})
 HISTORY_COMMAND = re.compile(
     r"\bgit\s+(?:log|show|blame|reflog|rev-list|cat-file|whatchanged)\b"
-    r"|\bgit\s+diff\s+(?:\S+\s+)*?(?:HEAD|[0-9a-f]{7,40}|\S*[~^]\S*)"
+    r"|\bgit\s+diff\s+(?:\S+\s+)*?(?:HEAD|[0-9a-f]{7,40}(?=\s|$)|\S*[~^]\S*)"
     r"|(?:^|[\s'\"/=])\.git(?:/|\s|$)")
 
 
