@@ -130,6 +130,9 @@ class EvolutionConfig(_Section):
     elitism: int = Field(1, ge=0, description="best valid branches always kept")
     gate_level: float = Field(0.9, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
     min_delta: float = Field(0.0, description="a child is promoted when the CI lower bound exceeds this")
+    selection_share: float = Field(0.5, gt=0, lt=1, description="share of the held-out tasks in the selection draw "
+                                   "(survivors, parents, the final pick, the revert's choice); the rest is the gate "
+                                   "draw (promotions, the revert's test)")
     allow_multi_factor: bool = False
     human_gate: bool = Field(False, description="pause before training each child until approve/reject")
     backtest: bool = Field(True, description="reject children whose backtest misses their expected effect")

@@ -1,5 +1,8 @@
 """Our GRPO-family loss and its gradients equal TRL's on identical inputs, for every loss type, on one
-micro-batch and accumulated over several (GRPOTrainer.step's micro-batching: tests/test_policy.py)."""
+micro-batch and accumulated over several (GRPOTrainer.step's micro-batching: tests/test_policy.py);
+and one whole optimisation step of our GRPOTrainer over two micro-batches (loss, gradient, grad norm,
+AdamW update of the LoRA parameters) equals one step of TRL's GRPOTrainer.train() with gradient
+accumulation, on the same data and the same LoRA init."""
 
 import copy
 
@@ -159,3 +162,148 @@ def test_gradients_accumulated_over_micro_batches_match_trl(loss_type, tmp_path)
         assert torch.allclose(p.grad, q.grad, atol=1e-5), (name, (p.grad - q.grad).abs().max())
         compared += 1
     assert compared > 5
+
+
+# ---- one whole optimisation step: GRPOTrainer.step against TRL's own training loop ------------------
+ADAPTER = "default"   # TRL's adapter name; ours uses it too so parameter names line up
+
+
+def _init_lora_identically(model) -> int:
+    """LoRA A from a generator seeded by the parameter's name (so both sides agree), B small and nonzero
+    (so the first step's gradient reaches A too); returns how many tensors were set."""
+    import zlib
+
+    n = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                key = name.replace(f".{ADAPTER}.", ".").replace("base_model.model.", "")
+                g = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+                scale = 1.0 / p.shape[1] ** 0.5 if "lora_A" in name else 0.02
+                p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * scale)
+                n += 1
+    return n
+
+
+def _lora_params(model) -> dict[str, torch.Tensor]:
+    return {n.replace("base_model.model.", ""): p.detach().clone() for n, p in model.named_parameters()
+            if "lora_" in n}
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_one_step_over_two_micro_batches_updates_lora_as_trls_trainer_does(loss_type, tmp_path, monkeypatch):
+    """Same base model, same LoRA init, the same 4 rollouts (2 groups of 2) with the same stored sampler
+    logprobs and advantages; ours: ``GRPOTrainer.step`` with ``per_device_train_batch_size=2`` (two
+    micro-batches); TRL: ``GRPOTrainer.train()`` for one optimiser step with
+    ``gradient_accumulation_steps=2``: its own data loop, loss scaling, gradient accumulation, grad-norm
+    clipping, AdamW and scheduler, with generation replaced by the canned batch. The LoRA parameters
+    after the step agree. TRL shuffles the generation batch before splitting it into micro-batches;
+    that changes no gradient except bnpo's (a token mean per micro-batch), so for bnpo the shuffle is
+    the identity."""
+    from datasets import Dataset
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    import trl.trainer.grpo_trainer as trl_grpo
+    from evotrainer.policy.grpo import GRPOTrainer
+    from evotrainer.policy.lora import LoraSettings, Policy
+    from evotrainer.records.rollout import Rollout
+
+    lr, clip, T = 5e-2, 1.0, 6
+    model, tok = load_base_model("tiny-random", seed=1)
+    trl_model = copy.deepcopy(model)
+
+    # The batch: equal-length prompts (no left padding, so positions agree however rows are grouped),
+    # completions of unequal length (right padding), sampler logprobs off the policy by up to ±0.4 nats.
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(5, 1000, (4, 5), generator=g)
+    completion_ids = torch.randint(5, 1000, (4, T), generator=g)
+    lengths = [6, 3, 6, 4]
+    completion_mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
+    completion_ids = completion_ids * completion_mask + tok.pad_token_id * (1 - completion_mask)
+    advantages = group_advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), "group").flatten()
+    with torch.no_grad():
+        base = per_token_logps(model, torch.cat([prompt_ids, completion_ids], 1),
+                               torch.cat([torch.ones_like(prompt_ids), completion_mask], 1), T)
+        old = (base + (torch.rand(base.shape, generator=torch.Generator().manual_seed(3)) - 0.5) * 0.8) * completion_mask
+
+    rollouts = [Rollout(task_id=f"g{i // 2}", messages=[], completion="", prompt_ids=prompt_ids[i].tolist(),
+                        completion_ids=completion_ids[i, :n].tolist(), logprobs=old[i, :n].tolist(), group=i // 2)
+                for i, n in enumerate(lengths)]
+
+    # Ours.
+    policy = Policy(model, tok, LoraSettings())
+    policy.create(ADAPTER)
+    assert _init_lora_identically(policy.model) > 5
+    start = _lora_params(policy.model)
+    cfg = GRPOConfig(learning_rate=lr, num_generations=2, max_completion_length=T, loss_type=loss_type,
+                     epsilon=0.2, epsilon_high=0.28, per_device_train_batch_size=2, max_grad_norm=clip)
+    ours_trainer = GRPOTrainer(policy, ADAPTER, cfg)
+    grads: dict[str, dict[str, torch.Tensor]] = {}
+
+    def grads_of(side, m):
+        def hook(*_):   # the accumulated, clipped gradient the optimiser is about to apply
+            grads[side] = {n.replace("base_model.model.", ""): p.grad.detach().clone()
+                           for n, p in m.named_parameters() if "lora_" in n}
+        return hook
+
+    ours_trainer.optimizer.register_step_pre_hook(grads_of("ours", policy.model))
+    ours_stats = ours_trainer.step(rollouts, advantages.tolist())
+    ours = _lora_params(policy.model)
+
+    # TRL.
+    args = TRLConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, fp16=False,
+                     per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2,
+                     max_completion_length=T, temperature=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28,
+                     loss_type=loss_type, learning_rate=lr, weight_decay=0.0, max_grad_norm=clip, optim="adamw_torch",
+                     lr_scheduler_type="constant", warmup_steps=0, max_steps=1, gradient_checkpointing=False,
+                     logging_steps=1, save_strategy="no", seed=0)
+    trainer = TRLTrainer(model=trl_model, reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
+                         train_dataset=Dataset.from_list([{"prompt": "hi"}] * 4), processing_class=tok,
+                         peft_config=LoraSettings().peft_config())
+    _init_lora_identically(trainer.model)
+    assert _lora_params(trainer.model).keys() == start.keys()
+    assert all(torch.equal(_lora_params(trainer.model)[k], start[k]) for k in start)
+    canned = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
+              "completion_mask": completion_mask, "advantages": advantages.float(), "old_per_token_logps": old,
+              "num_items_in_batch": completion_mask.sum()}
+    generated = []
+
+    def generate_and_score(batch):
+        generated.append(len(batch))
+        return {k: v.clone() for k, v in canned.items()}
+
+    monkeypatch.setattr(trainer, "_generate_and_score_completions", generate_and_score)
+    if loss_type == "bnpo":
+        monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda d: d)
+    from transformers import TrainerCallback
+
+    class Grads(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            grads_of("trl", trainer.model)()
+
+    trainer.add_callback(Grads())
+    result = trainer.train()
+    assert trainer.state.global_step == 1 and generated == [4]   # one generation batch, two micro-batches
+    theirs = _lora_params(trainer.model)
+
+    logged = next(h for h in trainer.state.log_history if "grad_norm" in h)
+    # The objective and its gradient agree tightly: the step's loss and its pre-clip gradient norm.
+    assert ours_stats["loss"] == pytest.approx(result.training_loss, abs=1e-5)
+    assert ours_stats["grad_norm"] == pytest.approx(logged["grad_norm"], rel=1e-4)
+    for k in start:   # the accumulated, clipped gradient of the step: equal to float precision
+        assert torch.allclose(grads["ours"][k], grads["trl"][k], atol=1e-7, rtol=1e-4), (
+            k, (grads["ours"][k] - grads["trl"][k]).abs().max())
+    # Then AdamW's update agrees wherever the gradient is well above Adam's eps (1e-8): its first step
+    # is lr * g / (|g| + eps), which turns float-level gradient differences in entries near eps (the
+    # accumulation order, which TRL's shuffle changes) into visible ones there, and only there.
+    moved, compared, total = 0, 0, 0
+    for k in start:
+        step_ours, step_theirs = ours[k] - start[k], theirs[k] - start[k]
+        clear = grads["ours"][k].abs() > 1e-5
+        assert torch.allclose(step_ours[clear], step_theirs[clear], atol=1e-6), (
+            k, (step_ours - step_theirs)[clear].abs().max())
+        compared, total = compared + int(clear.sum()), total + clear.numel()
+        moved += bool(step_ours.abs().max() > 0.5 * lr)
+    assert compared > 0.8 * total, (compared, total)   # 89% or more of the entries on this batch
+    assert moved == len(start)   # every LoRA tensor took a full-size step: the comparison is not vacuous

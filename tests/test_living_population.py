@@ -120,7 +120,8 @@ def test_the_gate_records_what_each_side_spent(run):
         assert child["train_steps"] == run.cfg.evolution.steps_per_generation
         assert child["train_rollouts"] == child["train_steps"] * ppt * m.knobs["num_generations"]
         assert child["train_tokens"] == sum(r.num_tokens for r in run.vdir(m.id).rollouts("train")) > 0
-        assert child["heldout_rollouts"] == len(run.vdir(m.id).rollouts("heldout")) > 0
+        held = run.vdir(m.id).rollouts("heldout") + run.vdir(m.id).rollouts("selection")   # both draws
+        assert child["heldout_rollouts"] == len(held) == len(run.runtime.heldout_tasks) * len(run.cfg.train.eval_seeds)
         ctl = run.vdir(control_of(run, m))
         assert spend["control"] == spend_of(ctl)
         assert spend["train_rollouts_ratio"] == pytest.approx(

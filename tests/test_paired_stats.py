@@ -154,3 +154,58 @@ def test_swapping_child_and_parent_flips_the_sign_and_never_promotes_both(data, 
     assert not (fwd.promote and bwd.promote)
     for d in (fwd, bwd):
         assert np.isfinite(d.ci_low) and np.isfinite(d.ci_high) and d.ci_low <= d.ci_high
+
+
+# ---- minimum detectable effect ---------------------------------------------------------------------
+def _demo_like(n=48):
+    """The demo's gate: 48 tasks, control 12/48 (0.250), child 16/48 (0.333); 8 tasks only the child
+    solves, 4 only the control, so the per-task deltas are +1 x8, -1 x4, 0 x36."""
+    child = {f"t{i}": float(i < 16) for i in range(n)}
+    control = {f"t{i}": float(8 <= i < 20) for i in range(n)}
+    return child, control
+
+
+def test_48_tasks_cannot_detect_8_points_at_the_demos_noise():
+    from evotrainer.fitness.paired_stats import minimum_detectable_effect
+
+    child, control = _demo_like()
+    d = decide_promotion(child, control, level=0.9)
+    assert d.mean_delta == pytest.approx(4 / 48) and not d.promote
+    # sd of (+1 x8, -1 x4, 0 x36) = 0.498; MDE = (z_0.95 + z_0.8) * 0.498 / sqrt(48) = 0.179.
+    assert d.sd_delta == pytest.approx(0.4981, abs=1e-3)
+    assert d.mde == pytest.approx(0.179, abs=0.002) and d.mde > 0.08
+    assert d.mde == pytest.approx(minimum_detectable_effect(d.sd_delta, 48, 0.9, 0.8))
+    assert "minimum detectable effect +0.179 at 80% power" in d.reason
+    # Four times the tasks halve it: the figure moves the way a sample-size calculation says.
+    assert minimum_detectable_effect(d.sd_delta, 192, 0.9) == pytest.approx(d.mde / 2)
+
+
+def test_a_true_effect_equal_to_the_mde_is_promoted_about_80_percent_of_the_time():
+    """The stated MDE is what the gate detects: at a true delta equal to it, simulated gates of the
+    same size and noise promote close to 80% of the time (and at a quarter of it, rarely)."""
+    from evotrainer.fitness.paired_stats import minimum_detectable_effect
+
+    n, discordant, level = 48, 0.25, 0.9
+    delta = 0.1
+    for _ in range(50):   # the MDE of the population sd, which itself depends on the true delta
+        delta = minimum_detectable_effect(float(np.sqrt(discordant - delta ** 2)), n, level)
+    rng = np.random.default_rng(0)
+
+    def promote_rate(true_delta, reps=150):
+        up, down = (discordant + true_delta) / 2, (discordant - true_delta) / 2
+        hits = 0
+        for _ in range(reps):
+            u = rng.uniform(size=n)
+            deltas = np.where(u < up, 1.0, np.where(u < up + down, -1.0, 0.0))
+            hits += decide_promotion({f"t{i}": x for i, x in enumerate(deltas)}, {f"t{i}": 0.0 for i in range(n)},
+                                     level=level, n_resamples=1000).promote
+        return hits / reps
+
+    assert 0.65 <= promote_rate(delta) <= 0.93, delta
+    assert promote_rate(delta / 4) < 0.25
+
+
+def test_no_variability_gives_no_mde_and_says_so():
+    same = {f"t{i}": 1.0 for i in range(10)}
+    d = decide_promotion(same, dict(same))
+    assert d.mde is None and "minimum detectable effect not estimable" in d.reason

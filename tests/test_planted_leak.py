@@ -15,10 +15,17 @@ What each test proves, honestly:
   every held-out verdict re-verifies against the engine's answers.
 * ``test_a_hand_written_diagnostic_fixture_is_credited`` — the gate's verdict becomes labelled history on
   which a validity hook that flags copied notes scores recall 1.0 / FPR 0.0, and the backtest accepts it.
-  The hook is a hand-written fixture (``loop/fixtures/leak_check_harness.py``), not an operator's child:
-  no library entry writes a validity hook, and the ``llm_*`` operators could but do not reliably on the
-  tiny model, so that an operator *produces* this diagnostic is not tested here.
+  The hook is a hand-written fixture (``loop/fixtures/leak_check_harness.py``), not an operator's child.
+* ``test_a_diagnostic_an_operator_wrote_is_credited`` — the same credit for a validity hook that the
+  ``llm_rewrite`` operator wrote: the leaky branch's genome and evidence (its health report and the
+  diagnostic gap its gate recorded) go over HTTP to an OpenAI-compatible server started in the test,
+  whose canned reply is the hook (``fixtures/llm_replies/rewrite_validity_leak_check.txt``); the
+  operator parses it, edits the genome and passes the acceptance rules, and the loop's own backtest
+  call scores the child. The reply is canned: this proves the path from an operator's proposal to a
+  credited diagnostic, not that a model would write it (the tiny model does not).
 """
+
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +98,38 @@ def test_a_hand_written_diagnostic_fixture_is_credited(dirs, tmp_path):
     gate(dirs["honest"], labels=store)
     gate(dirs["leaky"], dirs["honest"], labels=store)
     r = backtest(LEAK_CHECK, dirs["leaky"], labels=store)
+    v = r.diagnostics["validity"]
+    assert (v["recall"], v["fpr"]) == (1.0, 0.0) and v["invalid"] > 0 and v["valid"] > 0
+    assert r.parent_diagnostics["validity"]["recall"] == 0.0 and r.accept, r.reasons
+
+
+def test_a_diagnostic_an_operator_wrote_is_credited(dirs, tmp_path):
+    from test_llm_client import ChatServer
+
+    from evotrainer.fitness.health import health_report
+    from evotrainer.operators import Evidence, get_operator
+    from evotrainer.operators.llm_client import make_client
+
+    store = LabelStore(tmp_path / "labels.json")
+    gate(dirs["honest"], labels=store)
+    gate(dirs["leaky"], dirs["honest"], labels=store)
+    assert store.gaps   # the leak no validity check flagged: the evidence that asks for a diagnostic
+    leaky = CachedVersion.load(dirs["leaky"])
+    evidence = Evidence(health_report=health_report(leaky).to_dict(), gaps=[dict(vars(g)) for g in store.gaps])
+    reply = (Path(__file__).parent / "fixtures" / "llm_replies" / "rewrite_validity_leak_check.txt").read_text()
+    with ChatServer([("ok", reply)]) as server:
+        op = get_operator("llm_rewrite", client=make_client(url=server.url, model="fake-model"), hook="validity")
+        iv = op.propose([leaky.program], evidence)
+    asked = server.requests[0]["body"]
+    prompt = " ".join(m["content"] for m in asked["messages"])
+    assert "DIAGNOSTIC GAPS" in prompt and "leak_used" in prompt   # the operator sent the gap it is to close
+    assert iv.operator == "llm_rewrite" and iv.factor == "hook:validity" and iv.parent_hashes == [leaky.program.hash]
+    child = iv.child()
+    # The parent's validity hook is the reference's (no checks); the child's is the operator's.
+    assert "copies_reference_note" in child.hooks["validity"] and "copies_reference_note" not in leaky.program.source
+    assert child.hooks["reward"] == leaky.program.hooks["reward"]   # one factor changed: the hack stays
+
+    r = backtest(child, dirs["leaky"], expect=iv.expected_effect, labels=store)   # as propose_children calls it
     v = r.diagnostics["validity"]
     assert (v["recall"], v["fpr"]) == (1.0, 0.0) and v["invalid"] > 0 and v["valid"] > 0
     assert r.parent_diagnostics["validity"]["recall"] == 0.0 and r.accept, r.reasons

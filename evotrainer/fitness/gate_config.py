@@ -19,6 +19,7 @@ class GateConfig:
     level: float = 0.95                  # paired statistics: CI level ...
     min_delta: float = 0.0               # ... lower bound must exceed this
     min_tasks: int = 5
+    power: float = 0.8                   # the minimum detectable effect each decision states is at this power
     n_resamples: int = 10_000
     seed: int = 0
     window: int = 3                      # last training steps the divergence checks look at

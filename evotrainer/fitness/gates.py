@@ -80,7 +80,7 @@ def paired_promotion(child: list[Rollout], parent: list[Rollout], cfg: GateConfi
                                f"{sorted(p[task], key=str)}; a paired comparison needs the same seeds")
     return decide_promotion(by_seed(c), by_seed(p),
                             level=cfg.level, min_delta=cfg.min_delta, n_resamples=cfg.n_resamples, seed=cfg.seed,
-                            min_tasks=cfg.min_tasks)
+                            min_tasks=cfg.min_tasks, power=cfg.power)
 
 
 def paired_decision(child: list[Rollout], parent: list[Rollout], cfg: GateConfig) -> dict[str, Any]:

@@ -10,6 +10,11 @@ tasks (``scipy.stats.bootstrap``, BCa by default), and the rule is conservative:
 
 so a tie, or a difference the noise explains, is refused. Swapping child and parent negates every
 delta; with ``min_delta >= 0`` at most one direction can be promoted.
+
+Every decision also states its **minimum detectable effect**: the smallest true mean delta this gate
+would promote with ``power`` (80%) probability, given its number of tasks, its level and the observed
+sd of the per-task deltas (normal approximation of the CI's lower bound). A refusal whose MDE is
+above the effect a user hoped for says "this gate could not have seen it", not "there is no effect".
 """
 
 from __future__ import annotations
@@ -142,6 +147,24 @@ def bootstrap_ci(deltas: Sequence[float] | np.ndarray, level: float = 0.95, n_re
     return ConfidenceInterval(low, high, level, method, note)
 
 
+# ---- minimum detectable effect -------------------------------------------------------------------
+def minimum_detectable_effect(sd: float, n_tasks: int, level: float = 0.95, power: float = 0.8,
+                              min_delta: float = 0.0) -> float | None:
+    """The smallest true mean delta the gate promotes with probability ``power``.
+
+    The gate promotes when the lower bound of a two-sided ``level`` CI clears ``min_delta``, i.e. when
+    the mean delta exceeds ``min_delta + z_(1-(1-level)/2) * se``; that happens with probability
+    ``power`` when the true delta is ``min_delta + (z_(1-(1-level)/2) + z_power) * sd / sqrt(n)``.
+    None when ``sd`` is 0 (no variability observed: nothing to extrapolate from) or n < 2.
+    """
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+    if n_tasks < 2 or not sd > 0.0:
+        return None
+    z = stats.norm.ppf(1.0 - (1.0 - level) / 2.0) + stats.norm.ppf(power)
+    return float(min_delta + z * sd / math.sqrt(n_tasks))
+
+
 # ---- the promotion decision ---------------------------------------------------------------------
 @dataclass
 class PromotionDecision:
@@ -156,6 +179,9 @@ class PromotionDecision:
     min_delta: float = 0.0
     method: str = "BCa"
     note: str = ""
+    sd_delta: float | None = None     # sample sd of the per-task deltas
+    mde: float | None = None          # minimum detectable effect at ``power`` (None: not estimable)
+    power: float = 0.8
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,13 +189,14 @@ class PromotionDecision:
 
 def decide_promotion(child: Mapping[object, Score], parent: Mapping[object, Score], level: float = 0.95,
                      min_delta: float = 0.0, n_resamples: int = 10_000, seed: int = 0, method: str = "BCa",
-                     min_tasks: int = 5) -> PromotionDecision:
+                     min_tasks: int = 5, power: float = 0.8) -> PromotionDecision:
     """Promote the child iff the lower bound of the bootstrap CI of the mean per-task delta
     (child - parent, same tasks and seeds) exceeds ``min_delta``.
 
     Fewer than ``min_tasks`` tasks is refused outright (a bootstrap over a handful of tasks is not
     evidence). As a guard against a pathological interval, the mean delta itself must also exceed
-    ``min_delta`` (a no-op whenever the CI contains the mean).
+    ``min_delta`` (a no-op whenever the CI contains the mean). The reason ends with the gate's
+    minimum detectable effect at ``power`` (:func:`minimum_detectable_effect`).
     """
     deltas, seeds = _paired(child, parent)
     n_tasks, n_seeds = len(deltas), min(seeds)
@@ -188,8 +215,20 @@ def decide_promotion(child: Mapping[object, Score], parent: Mapping[object, Scor
     else:
         promote = False
         reason = f"refused: CI lower bound {ci.low:+.4f} <= min_delta {min_delta:+.4f}; {numbers}"
+    sd = float(deltas.std(ddof=1)) if n_tasks > 1 else None
+    mde = minimum_detectable_effect(sd or 0.0, n_tasks, level, power, min_delta)
+    reason += "; " + mde_text(mde, sd, n_tasks, power)
     if ci.note:
         reason += f"; note: {ci.note}"
     return PromotionDecision(promote=promote, mean_delta=mean, ci_low=ci.low, ci_high=ci.high, level=level,
                              n_tasks=n_tasks, n_seeds=n_seeds, reason=reason, min_delta=min_delta,
-                             method=ci.method, note=ci.note)
+                             method=ci.method, note=ci.note, sd_delta=sd, mde=mde, power=power)
+
+
+def mde_text(mde: float | None, sd: float | None, n_tasks: int, power: float = 0.8) -> str:
+    """The minimum detectable effect as the gate's record states it."""
+    if mde is None:
+        return (f"minimum detectable effect not estimable (paired sd {sd or 0.0:.3g} over {n_tasks} task(s): "
+                "no variability observed)")
+    return (f"minimum detectable effect {mde:+.3f} at {100 * power:g}% power (paired sd {sd:.3g}, "
+            f"{n_tasks} task(s))")

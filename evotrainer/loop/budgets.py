@@ -23,7 +23,8 @@ class BudgetReached(Exception):
 # budget_used["<key>_seconds"] as the summary names them
 TIME_LABELS = {"gen": "rollouts", "train": "gradient steps", "verify": "held-out verification", "propose": "proposals",
                "backtest": "backtests", "record": "MLflow", "health": "health reports", "gate": "gates",
-               "adapter": "adapter load/save", "load": "model load", "finish": "lineage and plots"}
+               "adapter": "adapter load/save", "load": "model load", "finish": "lineage and plots",
+               "test": "test split of the final pick"}
 LIMITS = ("train_steps", "rollout_tokens", "wall_time_s", "llm_calls", "llm_tokens", "llm_cost_usd")
 
 

@@ -24,6 +24,7 @@ from evotrainer.fitness.labels import LabelStore
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.budgets import BudgetReached, Budgets
 from evotrainer.loop.crash import crash_point
+from evotrainer.loop.final_pick import report_test
 from evotrainer.loop.gating import gate_version
 from evotrainer.loop.operator_mix import operator_mix
 from evotrainer.loop.progress import NullProgress
@@ -251,7 +252,8 @@ class Experiment:
         for v in vids:
             m = self.vdir(v).meta()
             if m.status in SETTLED:
-                out.append(Candidate(v, m.metrics.get("heldout_accuracy", 0.0), m.metrics.get("cost", 0.0)))
+                # Ranked on the selection draw: the gate draw decided this version's promotion.
+                out.append(Candidate(v, m.metrics.get("selection_accuracy", 0.0), m.metrics.get("cost", 0.0)))
         return out
 
     def set_status(self, vid: str, status: str) -> None:
@@ -325,6 +327,11 @@ class Experiment:
             self.tracker.record(self.vdir(vid).path)
 
     def finish(self) -> None:
+        if self.state.status in ("finished", "stopped"):   # not at a human-gate pause: the loop goes on
+            with self.budgets.timed("test"):
+                final = report_test(self)
+            if final and "test_accuracy" in final:
+                self.tracker.mark_final(final["version"], final)
         try:
             with self.budgets.timed("finish"):
                 self.tracker.record_all()  # idempotent sweep: every version has its run, statuses current

@@ -66,9 +66,21 @@ def gate_version(exp: Experiment, vid: str) -> None:
     vd.save_meta(meta)   # the commit point: what follows is repeated on resume until the state is saved
     crash_point("gate:meta-saved")
     if is_child:
+        exp.say(f"gen {meta.generation}: {vid} vs {control}: {meta.status}; {gate_line(decision.paired)}")
+    if is_child:
         finish_gate(exp, vd, meta, control)
     else:
         write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
+
+
+def gate_line(paired: dict | None) -> str:
+    """The paired numbers of a gate in one line, with the smallest effect the gate could have detected."""
+    if not paired or "mean_delta" not in paired:
+        return (paired or {}).get("reason", "no paired comparison")
+    mde = paired.get("mde")
+    return (f"delta {paired['mean_delta']:+.3f}, CI [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}] over "
+            f"{paired['n_tasks']} gate-draw task(s); minimum detectable effect "
+            + (f"{mde:+.3f}" if mde is not None else "not estimable") + f" at {100 * paired.get('power', 0.8):g}% power")
 
 
 def finish_gate(exp: Experiment, vd: VersionDir, meta: BranchVersion, control: str | None) -> None:
@@ -85,7 +97,7 @@ def finish_gate(exp: Experiment, vd: VersionDir, meta: BranchVersion, control: s
 def spend_of(vd: VersionDir) -> dict[str, int]:
     """What one version spent, read from what it left on disk: optimisation steps, train rollouts and
     generated tokens, held-out rollouts and generated tokens."""
-    train, heldout = vd.rollouts("train"), vd.rollouts("heldout")
+    train, heldout = vd.rollouts("train"), vd.rollouts("heldout") + vd.rollouts("selection")   # both draws
     return {"train_steps": len(vd.steps()), "train_rollouts": len(train),
             "train_tokens": sum(r.num_tokens for r in train), "heldout_rollouts": len(heldout),
             "heldout_tokens": sum(r.num_tokens for r in heldout)}

@@ -1,47 +1,76 @@
 """Revert, a first-class action of the select stage: a survivor that regressed from an ancestor (by
-the gate's own paired rule) is replaced by that ancestor, which the next generation continues."""
+the gate's own paired rule) is replaced by that ancestor, which the next generation continues.
+
+Picking the best of k ancestors and then testing that winner on the data it was picked on is the
+winner's curse: the maximum of k noisy scores is biased upwards, so the test confirms noise far more
+often than its level says. The ancestor is therefore *chosen* on the selection draw of the held-out
+pool (``selection_accuracy``) and *tested* on the gate draw (the ``heldout`` rollouts), tasks the
+choice never saw; the test keeps its level (``tests/test_revert.py`` simulates both).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from evotrainer.fitness.gates import GateConfig, paired_promotion
-from evotrainer.fitness.paired_stats import PairingError
+from evotrainer.fitness.paired_stats import PairingError, PromotionDecision
 from evotrainer.loop.versions import SETTLED
+from evotrainer.records.rollout import Rollout
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
 
 
+@dataclass
+class Side:
+    """One version as a revert chooses among them: its id and its score on the selection draw."""
+    id: str
+    selection_score: float
+
+
+def choose_revert(current: Side, ancestors: Sequence[Side], gate_rollouts: Callable[[str], Sequence[Rollout]],
+                  cfg: GateConfig) -> tuple[str, PromotionDecision] | None:
+    """(ancestor id, paired decision) when the ancestor that scores best on the selection draw (the
+    first listed, i.e. the nearest, on a tie) beats ``current`` on its gate draw
+    (``gate_rollouts(id)``) by the gate's paired rule; None otherwise (also when the two were not
+    sampled on the same tasks and seeds)."""
+    best = None
+    for anc in ancestors:
+        if anc.selection_score > (best.selection_score if best else current.selection_score):
+            best = anc
+    if best is None:
+        return None
+    try:
+        decision = paired_promotion(list(gate_rollouts(best.id)), list(gate_rollouts(current.id)), cfg)
+    except (PairingError, ValueError):
+        return None   # not sampled on the same tasks and seeds: no evidence either way
+    return (best.id, decision) if decision.promote else None
+
+
 def revert_target(exp: Experiment, vid: str):
     """(ancestor id, paired decision) when ``vid`` regressed from its best ancestor, else None.
 
-    The ancestors are the first-parent chain back to the seed, settled and valid. The best of them by
-    held-out accuracy (the nearest one on a tie: it has had the most training) must beat ``vid`` on
-    the same held-out tasks by the gate's own paired bootstrap rule (CI lower bound above
-    ``min_delta``), so noise alone never triggers a revert.
+    The ancestors are the first-parent chain back to the seed, settled and valid, nearest first. The
+    best of them on the selection draw must beat ``vid`` on the gate draw by the gate's own paired
+    bootstrap rule (CI lower bound above ``min_delta``), so neither noise nor the choice itself
+    triggers a revert.
     """
     meta = exp.vdir(vid).meta()
-    current = meta.metrics.get("heldout_accuracy")
+    current = meta.metrics.get("selection_accuracy")
     if current is None:
         return None
-    best, seen, pid = None, {vid}, (meta.parents[0] if meta.parents else None)
+    ancestors, seen, pid = [], {vid}, (meta.parents[0] if meta.parents else None)
     while pid and pid not in seen and exp.vdir(pid).path.is_dir():
         seen.add(pid)
         anc = exp.vdir(pid).meta()
-        acc = anc.metrics.get("heldout_accuracy")
-        if anc.status in SETTLED and acc is not None and acc > (best[1] if best else current):
-            best = (pid, acc)
+        score = anc.metrics.get("selection_accuracy")
+        if anc.status in SETTLED and score is not None:
+            ancestors.append(Side(pid, score))
         pid = anc.parents[0] if anc.parents else None
-    if best is None:
-        return None
     ev = exp.cfg.evolution
     gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
-    try:
-        decision = paired_promotion(exp.vdir(best[0]).rollouts("heldout"), exp.vdir(vid).rollouts("heldout"), gcfg)
-    except (PairingError, ValueError):
-        return None   # not sampled on the same tasks and seeds: no evidence either way
-    return (best[0], decision) if decision.promote else None
+    return choose_revert(Side(vid, current), ancestors, lambda v: exp.vdir(v).rollouts("heldout"), gcfg)
 
 
 def plan_reverts(exp: Experiment, survivors: list[str], generation: int) -> tuple[list[str], list[dict]]:

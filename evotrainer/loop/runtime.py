@@ -11,6 +11,7 @@ from pathlib import Path
 
 from evotrainer.config import Config
 from evotrainer.domains import Domain, Task, build_domain
+from evotrainer.domains.sampling import heldout_draws
 from evotrainer.loop.budgets import Budgets
 from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.lora import LoraSettings, Policy
@@ -34,6 +35,24 @@ class Runtime:
     @functools.cached_property
     def heldout_tasks(self) -> list[Task]:
         return self.domain.tasks("heldout")[: self.cfg.train.eval_size]
+
+    @functools.cached_property
+    def draws(self) -> tuple[list[Task], list[Task]]:
+        """(gate draw, selection draw) of the held-out pool (``domains.sampling.heldout_draws``)."""
+        return heldout_draws(self.heldout_tasks, self.cfg.evolution.selection_share, self.cfg.seed)
+
+    @property
+    def gate_tasks(self) -> list[Task]:
+        return self.draws[0]
+
+    @property
+    def selection_tasks(self) -> list[Task]:
+        return self.draws[1]
+
+    @functools.cached_property
+    def test_tasks(self) -> list[Task]:
+        """The test split: only the final pick is verified on it, after the loop (nothing in it sees test)."""
+        return self.domain.tasks("test")
 
     @functools.cached_property
     def policy(self) -> Policy:

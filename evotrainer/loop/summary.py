@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 def leaderboard(exp: Experiment) -> Table:
     table = Table(title=f"leaderboard — {exp.run_dir}")
-    for col in ("version", "gen", "operator", "factor", "held-out", "train reward", "hypothesis", "status"):
+    # held-out = the gate draw (what promotions compared), selection = the selection draw (what ranked)
+    for col in ("version", "gen", "operator", "factor", "held-out", "selection", "train reward", "hypothesis",
+                "status"):
         table.add_column(col, overflow="fold")   # a narrow terminal wraps a factor, never cuts it
     metas = [exp.vdir(v).meta() for v in exp.versions()]
     metas.sort(key=lambda m: -(m.metrics.get("heldout_accuracy") or -1))
@@ -25,15 +27,32 @@ def leaderboard(exp: Experiment) -> Table:
         acc = m.metrics.get("heldout_accuracy")
         style = "red" if m.status == "invalid" else "green" if m.status == "promoted" else None
         table.add_row(m.id, str(m.generation), m.operator or "-", m.factor or "-",
-                      f"{acc:.3f}" if acc is not None else "-",
+                      f"{acc:.3f}" if acc is not None else "-", _fmt(m.metrics.get("selection_accuracy")),
                       f"{m.metrics.get('train_reward_mean', float('nan')):.3f}",
                       (m.hypothesis or {}).get("verdict", "-"), m.status, style=style)
     return table
 
 
+def _fmt(x: float | None) -> str:
+    return f"{x:.3f}" if x is not None else "-"
+
+
+def final_line(final: dict | None) -> str | None:
+    """The final pick and its test-split score, as the summary prints it."""
+    if not final:
+        return None
+    if "test_accuracy" not in final:
+        return f"final pick {final['version']}: no test score ({final.get('error', 'not measured')})"
+    return (f"final pick {final['version']}: test accuracy {final['test_accuracy']:.3f} on {final['test_tasks']} "
+            f"test task(s), never seen by the loop (selection draw {_fmt(final.get('selection_accuracy'))}, "
+            f"gate draw {_fmt(final.get('gate_heldout_accuracy'))})")
+
+
 def print_summary(exp: Experiment, console: Console | None = None) -> None:
     console = console or Console()
     console.print(leaderboard(exp))
+    if (line := final_line(exp.state.final)) is not None:
+        console.print(line)
     invalid = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().status == "invalid"]
     if invalid:
         console.print("[red]invalid branches[/red]")

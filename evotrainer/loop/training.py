@@ -94,7 +94,11 @@ def train_version(exp: Experiment, vid: str) -> None:
 
 
 def verify_version(exp: Experiment, vid: str) -> None:
-    """Held-out verification by the engine (hidden outcomes) and the version's health report."""
+    """Held-out verification by the engine (hidden outcomes) and the version's health report.
+
+    The whole held-out pool is verified in one pass and stored in two parts: the gate draw as
+    ``heldout`` (all the fitness layer reads: gates, health, validity checks) and the selection draw
+    as ``selection`` (only selection reads it, through ``selection_accuracy``)."""
     vd = exp.vdir(vid)
     meta = vd.meta()
     if meta.status != "trained":
@@ -118,6 +122,10 @@ def verify_version(exp: Experiment, vid: str) -> None:
     verify_seconds = time.perf_counter() - t0
     exp.runtime.unload_adapter(vid)
     exp.budgets.spend(rollout_tokens=sum(r.num_tokens for r in heldout), verify_seconds=verify_seconds)
+    in_gate = {t.id for t in exp.runtime.gate_tasks}
+    selection = [r for r in heldout if r.task_id not in in_gate]
+    heldout = [r for r in heldout if r.task_id in in_gate]
+    vd.save_rollouts("selection", selection)
     vd.save_rollouts("heldout", heldout)
     parent_dir = exp.vdir(meta.parents[0]).path if meta.parents and exp.vdir(meta.parents[0]).path.exists() else None
     with exp.budgets.timed("health"):
@@ -126,7 +134,8 @@ def verify_version(exp: Experiment, vid: str) -> None:
         write_atomic(vd.path / "health.md", report.to_markdown())
     train = vd.rollouts("train")
     meta.metrics.update(
-        heldout_accuracy=heldout_accuracy(heldout),
+        heldout_accuracy=heldout_accuracy(heldout),          # the gate draw
+        selection_accuracy=heldout_accuracy(selection),      # the selection draw: what selection ranks by
         train_reward_mean=sum(r.reward or 0.0 for r in train) / max(1, len(train)),
         cost=sum(r.num_tokens for r in train) / max(1, len(train)),   # generated tokens per rollout
         verify_seconds=verify_seconds,

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Callable
 
 from evotrainer.config import Config, ConfigError
-from evotrainer.domains import build_domain
+from evotrainer.domains import Task, build_domain
+from evotrainer.domains.sampling import heldout_draws
+from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.genome.contract import check_contract
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
@@ -37,9 +39,10 @@ def validate_resources(cfg: Config, loop: bool, say: Callable[[str], None] | Non
     ``say`` (else Python's warnings)."""
     _harness(cfg, loop, say)
     _knob_overrides(cfg)
-    _domain(cfg)
+    heldout = _domain(cfg)
     if loop:
         _operators(cfg)
+        _heldout_draws(cfg, heldout, say)
     _device(cfg)
     _model_and_lora(cfg)
 
@@ -90,14 +93,32 @@ def _operators(cfg: Config) -> None:
         raise ConfigError("field 'evolution.operators': every weight is 0; give at least one operator a weight > 0")
 
 
-def _domain(cfg: Config) -> None:
+def _domain(cfg: Config) -> list[Task]:
+    """The held-out tasks, once every split of the domain loads."""
     try:
         domain = build_domain(cfg.domain)
         for split in ("train", "heldout", "test"):
             domain.tasks(split)
+        return domain.tasks("heldout")
     except (ValueError, OSError) as e:
         raise ConfigError(f"field 'domain': {e} (see domain.difficulty, domain.n_train/n_heldout/n_test "
                           "and domain.files)") from None
+
+
+def _heldout_draws(cfg: Config, heldout: list[Task], say: Callable[[str], None] | None) -> None:
+    """The held-out pool splits into a gate draw and a selection draw, each non-empty; a gate draw
+    smaller than the paired test's minimum refuses every child, which is said before any compute."""
+    heldout = heldout[: cfg.train.eval_size]
+    try:
+        gate, selection = heldout_draws(heldout, cfg.evolution.selection_share, cfg.seed)
+    except ValueError as e:
+        raise ConfigError(f"field 'domain.n_heldout': {e}") from None
+    need = GateConfig().min_tasks
+    if len(gate) < need:
+        msg = (f"warning: the gate draw holds {len(gate)} of the {len(heldout)} held-out tasks (the selection "
+               f"draw the other {len(selection)}, evolution.selection_share {cfg.evolution.selection_share}); "
+               f"the paired gate needs {need}, so no child can be promoted: raise domain.n_heldout")
+        say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=3)
 
 
 def _device(cfg: Config) -> None:

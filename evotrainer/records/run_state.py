@@ -34,6 +34,7 @@ class RunState:
     approvals: dict[str, str] = field(default_factory=dict)   # version id -> pending | approved | rejected
     operator_stats: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)  # interventions and their outcomes
+    final: dict[str, Any] | None = None   # the final pick and its test-split score (loop/final_pick.py)
     events: list[str] = field(default_factory=list)
 
     def new_id(self) -> str:
