@@ -1,10 +1,10 @@
 """reference vs recipe-search vs evolve at equal budget on math, several seeds.
 
 Each (mode, seed) is a full run of the loop with the same engine, data, held-out tasks and
-training-step budget. A run's result is its best valid version by held-out accuracy. Selection used
-held-out, so that score favours modes that try more versions (a max over more draws); the best
-version is therefore also verified on the test split, which nothing in the loop has seen, and the
-paired bootstrap CIs against `reference` are over (task, seed) pairs of that test score. Prints the
+training-step budget. A run's result is its final pick: the best valid survivor on the held-out
+selection draw, which the run itself verifies on the test split at its end (nothing in the loop sees
+test). The selection score favours modes that try more versions (a max over more draws), so the
+paired bootstrap CIs against `reference` are over (task, seed) pairs of the test score. Prints the
 table (mean ± sd over seeds) and the share of wall time spent outside generation and gradient steps,
 with where that time went.
 
@@ -36,9 +36,13 @@ MODES = ("reference", "recipe-search", "evolve")
 
 
 def best_version(exp: Experiment):
+    """The run's own final pick (its best valid survivor on the selection draw), as `evotrainer run`
+    reports it; runs without one fall back to the best settled version on the gate draw."""
+    final = exp.state.final or {}
+    if final.get("version"):
+        return exp.vdir(final["version"]).meta()
     metas = [exp.vdir(v).meta() for v in exp.versions()]
     valid = [m for m in metas if m.status in ("kept", "promoted", "pruned", "rejected") and "heldout_accuracy" in m.metrics]
-    # rejected children lost their gate but are valid; a selection that keeps only winners uses kept/promoted
     settled = [m for m in valid if m.status in ("kept", "promoted", "pruned")] or valid
     return max(settled, key=lambda m: (m.metrics["heldout_accuracy"], -m.generation))
 
@@ -61,13 +65,15 @@ def timing(exp: Experiment) -> dict[str, float]:
 
 
 def test_scores(exp: Experiment, vid: str) -> dict[str, list[float]]:
-    """The version verified on the test split (after the run: not part of its budget or timing)."""
-    tc = exp.cfg.train
-    exp.runtime.load_adapter(vid, exp.vdir(vid).adapter_dir)
-    rt = exp.runtime
-    rollouts = verify(rt.engine, rt.domain, rt.domain.tasks("test"), vid, max_new_tokens=tc.eval_max_new_tokens,
-                      temperature=tc.eval_temperature, seeds=tc.eval_seeds)
-    exp.runtime.unload_adapter(vid)
+    """The pick's test-split scores: the run verified its final pick on the test split at its end
+    (under the pick's own harness, so an evolved prompt is asked as it was trained); a version
+    without those rollouts is verified here the same way."""
+    from evotrainer.loop.final_pick import TEST, report_test
+
+    rollouts = exp.vdir(vid).rollouts(TEST)
+    if not rollouts:
+        report_test(exp)
+        rollouts = exp.vdir(vid).rollouts(TEST)
     return by_seed(task_scores(rollouts))
 
 
@@ -173,7 +179,9 @@ def main() -> None:
             exp.run()
             best = best_version(exp)
             scores = by_seed(task_scores(exp.vdir(best.id).rollouts("heldout")))
-            row = {"seed": seed, "best": best.id, "heldout": best.metrics["heldout_accuracy"], "scores": scores,
+            selection = best.metrics.get("selection_accuracy", best.metrics["heldout_accuracy"])
+            row = {"seed": seed, "best": best.id, "heldout": selection, "gate_heldout": best.metrics["heldout_accuracy"],
+                   "scores": scores,
                    "versions": len(exp.versions()), **timing(exp)}
             if mode != "reference":
                 row["children"] = children(exp)

@@ -121,3 +121,17 @@ def test_a_resumed_finish_reuses_the_test_rollouts(finished):
     exp.finish()
     assert (exp.vdir(pick).path / "rollouts" / "test.jsonl").stat().st_mtime_ns == before
     assert exp.state.final["version"] == pick
+
+
+def test_a_budget_that_ends_at_a_generation_boundary_still_has_a_final_pick(tmp_path):
+    # Two generations of one step fit train_steps=2; generation 2 is proposed but not trained. Its
+    # selection used to find no candidates and leave no survivors, so the run reported no test score.
+    cfg = tiny_cfg(tmp_path / "run", generations=4, population_size=1, operators={"knobs": 1.0})
+    cfg["evolution"].update(mode="reference", budget={"train_steps": 2})
+    exp = Experiment(parse_config(cfg))
+    state = exp.run()
+    assert state.status == "stopped"
+    trained = [v for v in exp.versions() if exp.vdir(v).rollouts("selection")]
+    assert len(trained) == 2
+    assert state.final and state.final["version"] in trained and "test_accuracy" in state.final
+    assert any("the survivors of the last selection stand" in e for e in state.events)

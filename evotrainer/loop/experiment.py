@@ -186,6 +186,10 @@ class Experiment:
             survivors = select_survivors(cands, self.cfg.evolution.population_size, self.cfg.evolution.selection,
                                          self.cfg.evolution.elitism, self.cfg.evolution.tournament_size,
                                          seed=self.cfg.seed + g)
+            if not cands:   # nothing of this generation was trained (a budget ran out before it):
+                # the last survivors stand, or the run would end with none and no final pick
+                survivors = [v for v in s.survivors if self.vdir(v).path.is_dir()]
+                self.say(f"gen {g}: no version was trained; the survivors of the last selection stand")
             reverts: list[dict] = []
             if self.cfg.evolution.revert:
                 survivors, reverts = plan_reverts(self, survivors, g)
