@@ -1,13 +1,14 @@
 """The episode driver: a multi-turn SWE episode with any ``generate(messages) -> text`` policy.
 
 No model code here (domains import no torch): the policy layer plugs its rollout engine in as
-``generate``. ``Episode`` is one episode as a state machine, so that a driver can batch the turns of
-many episodes (``policy/episodes.py``); ``run_episode`` drives one serially. Each turn: the policy writes a message (cut to ``max_turn_tokens``), the environment
-runs the one tool call in it and the result is the next user message. The episode ends on
-``submit``, or when the turns, the context or the wall clock run out (``stop_reason``); without a
-submit, nothing is handed in (an empty patch grades as unresolved). The returned dict is plain data
-(domains may not import records): ``turns`` and ``tool_calls`` map onto a Rollout's fields, and
-``history_calls`` is the leak diagnostic.
+``generate``. ``Episode`` is one episode as a state machine, so that a driver can batch the turns
+of many episodes (``policy/episodes.py``); ``run_episode`` drives one serially. Each turn: the
+policy writes a message (cut to ``max_turn_tokens``), the environment runs the one tool call in it
+and the result is the next user message. The episode ends on ``submit``, or when the turns, the
+context or the wall clock run out (``stop_reason``); without a submit, nothing is handed in (an
+empty patch grades as unresolved). The returned dict is plain data (domains may not import
+records): ``turns`` and ``tool_calls`` map onto a Rollout's fields, and ``history_calls`` is the
+leak diagnostic.
 """
 
 from __future__ import annotations
