@@ -80,3 +80,40 @@ def test_swe_heldout_verification_runs_episodes_with_the_grade_hidden(domain, po
     assert r.split == "heldout" and 1 <= r.turns <= LIMITS.max_turns and r.step == -1
     assert r.hidden["resolved"] is False and "fail_to_pass" in r.hidden and set(r.visible) == {"format_ok"}
     assert all(t["tokens"] <= 8 for t in r.turn_log)
+
+
+def test_train_command_runs_swe_episodes_end_to_end(tmp_path, capsys):
+    """`evotrainer train` with `domain.name: swe`: episodes under the config's limits, the reference
+    harness's reward and advantages, a GRPO update, held-out episodes before and after."""
+    import yaml
+
+    from evotrainer.cli.app import main
+    from evotrainer.records.version import VersionDir
+
+    run_dir = tmp_path / "run"
+    cfg = {
+        "model": "tiny-random", "run_dir": str(run_dir),
+        "domain": {"name": "swe", "difficulty": 1, "n_train": 2, "n_heldout": 1, "n_test": 1,
+                   "episode": {"max_turns": 2, "max_turn_tokens": 8, "max_context_tokens": 1000}},
+        "grpo": {"max_completion_length": 32, "num_generations": 2, "learning_rate": 1e-3},
+        "train": {"steps": 1, "prompts_per_step": 1, "eval_max_new_tokens": 4},
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(path)]) == 0, capsys.readouterr()
+    v = VersionDir(run_dir)
+    train = v.rollouts("train")
+    assert len(train) == 2 and all(r.turns == 2 and r.reward is not None and r.visible["resolved"] is False
+                                   for r in train)
+    assert all(t["tokens"] <= 8 for r in train for t in r.turn_log)
+    heldout = v.rollouts("heldout")
+    assert len(heldout) == 1 and heldout[0].hidden["resolved"] is False and heldout[0].turns == 2
+    assert all(t["tokens"] <= 4 for t in heldout[0].turn_log)
+    assert v.meta().metrics["heldout_accuracy"] == 0.0
+
+
+def test_episode_limits_are_refused_off_the_swe_domain():
+    from evotrainer.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="episode limits are for the swe domain"):
+        parse_config({"domain": {"name": "math", "episode": {"max_turns": 2}}})
