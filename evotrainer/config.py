@@ -27,6 +27,16 @@ class _Section(BaseModel):
 DOMAIN_LEVELS = {"math": (1, 2, 3, 4, 5), "code": (1, 2, 3, 4), "swe": (1, 2, 3)}
 
 
+class EpisodeConfig(_Section):
+    """Limits of one multi-turn episode (the swe domain's tool environment)."""
+
+    max_turns: int = Field(30, ge=1, le=1000, description="model turns per episode")
+    max_turn_tokens: int = Field(1024, ge=1, le=MAX_NEW_TOKENS,
+                                 description="tokens per turn (also capped by grpo.max_completion_length)")
+    max_context_tokens: int = Field(16384, ge=1, le=1_048_576, description="the whole trajectory, in tokens")
+    wall_s: float = Field(300.0, gt=0, le=86_400, description="seconds per episode")
+
+
 class DomainConfig(_Section):
     name: Literal["math", "code", "swe"] = "math"
     difficulty: int | list[int] = Field(default_factory=lambda: [1, 2],
@@ -40,9 +50,13 @@ class DomainConfig(_Section):
     leak_share: float = Field(0.0, ge=0.0, le=1.0, description="share of train prompts carrying a planted leak")
     files: dict[Literal["train", "heldout", "test"], str] | None = Field(
         None, description="user JSONL files by split (math: GSM8K or MATH; code: APPS/TACO/CodeContests or LiveCodeBench)")
+    episode: EpisodeConfig | None = Field(None, description="swe only: limits of one episode (none: the defaults)")
 
     @model_validator(mode="after")
     def _levels_of_domain(self) -> "DomainConfig":
+        if self.episode is not None and self.name != "swe":
+            raise ValueError(f"episode limits are for the swe domain's multi-turn episodes; the {self.name} "
+                             "domain is single-turn: remove domain.episode")
         levels = [self.difficulty] if isinstance(self.difficulty, int) else self.difficulty
         allowed = DOMAIN_LEVELS[self.name]
         bad = [lv for lv in levels if lv not in allowed]

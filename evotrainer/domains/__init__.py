@@ -43,8 +43,13 @@ def get_domain(name: str, **kwargs: Any) -> Domain:
 
 def build_domain(spec: Any) -> Domain:
     """The domain a ``domain:`` config section describes (any object with its fields)."""
+    extra: dict[str, Any] = {}
+    if getattr(spec, "episode", None) is not None:   # multi-turn limits (the config refuses them off swe)
+        from evotrainer.domains.swe.environment import EnvLimits
+        extra["episode_limits"] = EnvLimits(**spec.episode.model_dump())
     return get_domain(spec.name, n_train=spec.n_train, n_heldout=spec.n_heldout, n_test=spec.n_test,
-                      difficulty=spec.difficulty, seed=spec.seed, leak_share=spec.leak_share, files=spec.files)
+                      difficulty=spec.difficulty, seed=spec.seed, leak_share=spec.leak_share, files=spec.files,
+                      **extra)
 
 
 __all__ = ["SPLITS", "Domain", "Task", "build_domain", "get_domain", "known_domains", "register_domain", "text_key"]

@@ -1,7 +1,9 @@
 """Collecting rollouts: sample groups for tasks with a rollout engine and verify them.
 
 The verdict of the domain's verifier goes to ``visible`` for train tasks (training may see it) and
-to ``hidden`` for held-out and test tasks: a harness never sees held-out verification.
+to ``hidden`` for held-out and test tasks: a harness never sees held-out verification. An episodic
+domain (one with a tool environment: SWE) gets multi-turn episodes (``policy/episodes.py``) through
+the same two calls, graded on the patch each episode submitted.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Callable, Protocol, Sequence
 
 from evotrainer.domains.base import Domain
 from evotrainer.domains.task import Task
+from evotrainer.policy.episodes import episode_rollouts, is_episodic
 from evotrainer.policy.rollout_engine import RolloutEngine, SamplingParams
 from evotrainer.records.rollout import Rollout
 
@@ -40,22 +43,32 @@ def collect_groups(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task],
                    prompt: PromptFn = default_prompt) -> list[Rollout]:
     """``group_size`` rollouts per task (one GRPO group each), verified by ``domain``. ``prompt`` turns
     a task into chat messages (a harness's ``prompt`` hook); the engine checks what it produced."""
+    if is_episodic(domain):
+        rollouts, verdicts = episode_rollouts(engine, domain, tasks, group_size, params, adapter, step,
+                                              None if prompt is default_prompt else prompt)
+    else:
+        rollouts, verdicts = _single_turn(engine, domain, tasks, group_size, params, adapter, step, prompt)
+    for r, verdict in zip(rollouts, verdicts):
+        r.visible, r.hidden = (verdict, {}) if r.split == "train" else (
+            {"format_ok": verdict.get("format_ok", False)}, verdict)
+    return rollouts
+
+
+def _single_turn(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], group_size: int,
+                 params: SamplingParams, adapter: str | None, step: int,
+                 prompt: PromptFn) -> tuple[list[Rollout], list[dict]]:
     asked = {id(t): prompt(t) for t in tasks}
     prompts = [asked[id(t)] for t in tasks for _ in range(group_size)]
     completions = engine.generate(prompts, params, adapter=adapter)
     expanded = [t for t in tasks for _ in range(group_size)]
     verdicts = domain.verify_batch(expanded, [c.text for c in completions])
-    rollouts = []
-    for i, (task, c, verdict) in enumerate(zip(expanded, completions, verdicts)):
-        visible, hidden = (verdict, {}) if task.split == "train" else (
-            {"format_ok": verdict.get("format_ok", False)}, verdict)
-        rollouts.append(Rollout(
-            task_id=task.id, messages=prompts[i], completion=c.text, prompt_ids=c.prompt_ids,
-            completion_ids=c.completion_ids, logprobs=c.logprobs, truncated=c.truncated,
-            stop_reason=c.stop_reason, gen_seconds=c.gen_seconds, seed=params.seed, group=i // group_size,
-            step=step, split=task.split, visible=visible, hidden=hidden,
-        ))
-    return rollouts
+    rollouts = [Rollout(
+        task_id=task.id, messages=prompts[i], completion=c.text, prompt_ids=c.prompt_ids,
+        completion_ids=c.completion_ids, logprobs=c.logprobs, truncated=c.truncated,
+        stop_reason=c.stop_reason, gen_seconds=c.gen_seconds, seed=params.seed, group=i // group_size,
+        step=step, split=task.split,
+    ) for i, (task, c) in enumerate(zip(expanded, completions))]
+    return rollouts, verdicts
 
 
 def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter: str | None,

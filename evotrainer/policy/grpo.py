@@ -153,18 +153,21 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(sd)
 
     def _batch(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:
-        """Left-pads prompts and right-pads completions into tensors."""
+        """Left-pads prompts and right-pads completions into tensors. ``completion_mask`` is 1 on the
+        tokens the policy sampled (all of a single-turn completion; an episode's assistant turns)."""
         dev = self.policy.device
         P = max(len(r.prompt_ids) for r in rollouts)
         T = max(max(len(r.completion_ids) for r in rollouts), 1)
         ids, attn, cmask, old = [], [], [], []
         for r in rollouts:
             p, c = list(r.prompt_ids), list(r.completion_ids)
+            sampled = r.sampled_mask()   # an episode's tool results and turn headers are 0: no loss there
             ids.append([self.pad_id] * (P - len(p)) + p + c + [self.pad_id] * (T - len(c)))
             attn.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c)))
             keep = 0 if (self.cfg.mask_truncated_completions and r.truncated) else 1
-            cmask.append([keep] * len(c) + [0] * (T - len(c)))
-            old.append(list(r.logprobs) + [0.0] * (T - len(c)))
+            cmask.append([keep * m for m in sampled] + [0] * (T - len(c)))
+            lps = iter(r.logprobs)   # the sampler's logprobs, of the sampled tokens, in order
+            old.append([next(lps) if m else 0.0 for m in sampled] + [0.0] * (T - len(c)))
         return {
             "input_ids": torch.tensor(ids, device=dev), "attention_mask": torch.tensor(attn, device=dev),
             "completion_mask": torch.tensor(cmask, device=dev, dtype=torch.float32),

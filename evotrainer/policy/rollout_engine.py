@@ -48,6 +48,19 @@ class RolloutEngine(Protocol):
         ...
 
 
+class TokenEngine(RolloutEngine, Protocol):
+    """An engine that also continues token sequences: what multi-turn episodes need, so that every
+    turn conditions on exactly the tokens sampled before it (no re-tokenised history)."""
+
+    tokenizer: object
+
+    def encode(self, prompts: Sequence[Messages]) -> list[list[int]]: ...
+
+    def generate_ids(
+        self, prompt_ids: Sequence[list[int]], params: SamplingParams, adapter: str | None = None
+    ) -> list[Completion]: ...
+
+
 class _RecordLogprobs(LogitsProcessor):
     """Records the log-probability of each sampled token under the final processed distribution.
 
@@ -93,11 +106,17 @@ class TransformersEngine:
             for m in prompts
         ]
 
-    @torch.no_grad()
     def generate(
         self, prompts: Sequence[Messages], params: SamplingParams, adapter: str | None = None
     ) -> list[Completion]:
-        encoded = self.encode(prompts)
+        return self.generate_ids(self.encode(prompts), params, adapter)
+
+    @torch.no_grad()
+    def generate_ids(
+        self, encoded: Sequence[list[int]], params: SamplingParams, adapter: str | None = None
+    ) -> list[Completion]:
+        """Continues each token sequence (a chat prompt already templated, or a whole trajectory)."""
+        encoded = [list(p) for p in encoded]
         out: list[Completion] = []
         with self.policy.adapter(adapter) as model:
             for start in range(0, len(encoded), self.batch_size):

@@ -4,6 +4,16 @@ A rollout is plain data, serialisable to one JSON line, so that it can be cached
 branch version and handed to a sandboxed harness. ``visible`` is the outcome training may see
 (the verifier's verdict on a train task: ``correct``, ``format_ok``, ``extracted``); ``hidden`` is
 held-out verification and is stripped (``for_harness``) before a harness sees a rollout in training.
+
+Multi-turn rollouts (episodes, ``policy/episodes.py``) use the same record: ``prompt_ids`` is the
+opening, ``completion_ids`` the whole token trajectory after it (assistant turns and the tokens the
+environment inserted between them: turn ends, tool results, the next turn's header), and
+``completion_mask`` marks with 1 the tokens the policy sampled. ``logprobs`` holds the sampler's
+logprobs of those sampled tokens only, in order (``len(logprobs) == sum(completion_mask)``).
+``turn_log`` has one entry per turn (text, tool call, result, timings, its token ``span`` in
+``completion_ids``) and ``episode`` the episode's outcome (stop reason, submitted patch, history
+calls). Single-turn rollouts leave these empty: an empty mask means every completion token was
+sampled, so records written before episodes existed load and train unchanged.
 """
 
 from __future__ import annotations
@@ -22,8 +32,8 @@ class Rollout:
     prompt_ids: list[int] = field(default_factory=list)
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)   # sampler log p of each completion token
-    truncated: bool = False                 # hit max_new_tokens without a stop
-    stop_reason: str = "eos"                # "eos" | "stop_string" | "length"
+    truncated: bool = False                 # hit max_new_tokens without a stop (episode: ran out of a limit)
+    stop_reason: str = "eos"                # "eos" | "stop_string" | "length" (episode: "submitted", "max_turns", ...)
     turns: int = 1
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     gen_seconds: float = 0.0
@@ -33,12 +43,25 @@ class Rollout:
     split: str = "train"
     visible: dict[str, Any] = field(default_factory=dict)
     hidden: dict[str, Any] = field(default_factory=dict)
+    completion_mask: list[int] = field(default_factory=list)  # 1: sampled by the policy; empty: all
+    turn_log: list[dict[str, Any]] = field(default_factory=list)   # per turn of an episode
+    episode: dict[str, Any] = field(default_factory=dict)          # an episode's outcome
     reward: float | None = None             # shaped reward given by the harness (train rollouts)
     advantage: float | None = None          # advantage used in the update (None: group filtered out)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.completion_ids)
+        """Tokens the policy generated (an episode's tool results and turn headers not counted)."""
+        return sum(self.completion_mask) if self.completion_mask else len(self.completion_ids)
+
+    def sampled_mask(self) -> list[int]:
+        """1 for each completion token the policy sampled; checks the record is consistent."""
+        mask = list(self.completion_mask) or [1] * len(self.completion_ids)
+        if len(mask) != len(self.completion_ids) or sum(mask) != len(self.logprobs):
+            raise ValueError(f"rollout {self.task_id!r} (step {self.step}, group {self.group}): "
+                             f"{len(self.completion_ids)} completion tokens, a mask of {len(mask)} with "
+                             f"{sum(mask)} sampled, and {len(self.logprobs)} logprobs; they must agree")
+        return mask
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

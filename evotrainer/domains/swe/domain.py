@@ -54,13 +54,14 @@ class SWEDomain(SandboxedDomain):
     def __init__(self, n_train: int | None = None, n_heldout: int | None = None, n_test: int | None = None,
                  difficulty: int | Sequence[int] = (1,), seed: int = 0, leak_share: float = 0.0,
                  files: dict[str, str | Path] | None = None, workers: int | None = None,
-                 limits: ExecLimits | None = None) -> None:
+                 limits: ExecLimits | None = None, episode_limits: EnvLimits | None = None) -> None:
         levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
         if not levels or any(lv not in LEVELS for lv in levels):
             raise ValueError(f"swe difficulty must be one or more of {list(LEVELS)}, got {difficulty!r}")
         if not 0.0 <= leak_share <= 1.0:
             raise ValueError(f"leak_share must be in [0, 1], got {leak_share}")
         self.seed, self.levels, self.leak_share = seed, levels, leak_share
+        self.episode_limits = episode_limits or EnvLimits()   # turns, tokens, context, wall time per episode
         super().__init__(workers, limits)
         self._trees: dict[tuple[str, str], dict[str, str]] = {}
         sizes = {"train": n_train, "heldout": n_heldout, "test": n_test}
@@ -108,8 +109,9 @@ class SWEDomain(SandboxedDomain):
 
     def environment(self, task: Task, limits: EnvLimits | None = None) -> SWEEnvironment:
         """A tool environment over a scratch copy of the task's repository (and its history: the
-        leak channel, present only in leaky train repositories)."""
-        return SWEEnvironment(self.repo_files(task), task.visible.get("history"), self.executor, limits)
+        leak channel, present only in leaky train repositories), under ``limits`` or the domain's."""
+        return SWEEnvironment(self.repo_files(task), task.visible.get("history"), self.executor,
+                              limits or self.episode_limits)
 
     # -- grading -------------------------------------------------------------------------------
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[dict[str, Any]]:
