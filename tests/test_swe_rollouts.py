@@ -12,6 +12,9 @@ import pytest
 from evotrainer.domains.code.executor import ExecLimits
 from evotrainer.domains.swe.domain import SWEDomain
 from evotrainer.domains.swe.environment import EnvLimits
+from evotrainer.genome.harness import Harness
+from evotrainer.genome.program import HarnessProgram
+from evotrainer.loop.seed import DOMAIN_HARNESSES
 from evotrainer.policy.collect import collect_groups, verify
 from evotrainer.policy.episodes import turn_separator
 from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer
@@ -67,6 +70,13 @@ def test_swe_rollouts_record_turns_tool_calls_masks_and_the_grade(domain, policy
         assert set(g["fail_to_pass"]) == set(task.hidden["FAIL_TO_PASS"]) and not r.hidden
         assert r.episode["patch"] == "" and r.episode["history_calls"] == 0
         assert Rollout.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+    # The SWE reference harness reads the engine's episodes (turns a count, the turns in turn_log).
+    with Harness(HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])) as harness:
+        m = harness.metrics(rollouts, [rollouts[:2], rollouts[2:]])
+    assert m["turns_mean"] == pytest.approx(sum(r.turns for r in rollouts) / len(rollouts))
+    assert m["tool_failure_rate"] == m["malformed_call_rate"] == 1.0   # no parseable call in random text
+    assert m["edit_rate"] == m["submit_rate"] == m["correct_rate"] == 0.0
 
     trainer = GRPOTrainer(policy, "swe0", GRPOConfig(num_generations=2, max_completion_length=16, learning_rate=1e-3))
     stats = trainer.step(rollouts, [1.0, -1.0, 0.5, -0.5])

@@ -8,7 +8,8 @@ reasoning, and the behaviour and efficiency layers of the field as standard metr
 What it reads from a rollout dict (``records/rollout.py`` ``for_harness``), all defensively, since
 multi-turn rollouts are plain data that older caches and other engines may lack:
 
-* ``turns``: a list of turn dicts, or an int (a turn count). A turn dict may have ``role`` (only
+* ``turns``: a list of turn dicts, or an int (a turn count; the engine's episodes then carry the
+  turn dicts in ``turn_log`` and the submitted patch in ``episode.patch``). A turn dict may have ``role`` (only
   ``"assistant"`` turns are counted when any turn has a role), ``content`` or ``text``, the call's
   ``tool`` or ``name`` (or a nested ``tool_call`` dict), ``ok`` or ``error``, and the tool's
   ``result`` (a tool-result turn of role ``tool``/``user`` also carries it as ``content``).
@@ -90,6 +91,8 @@ def _resolved(rollout):
 
 def _turn_list(rollout):
     turns = rollout.get("turns")
+    if not isinstance(turns, list):   # the engine's episodes: ``turns`` is a count, the turns are in turn_log
+        turns = rollout.get("turn_log")
     return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
 
 
@@ -152,7 +155,7 @@ def _issue_paths(rollout):
 
 
 def _final_diff(rollout):
-    for d in (rollout, rollout.get("visible") or {}):
+    for d in (rollout, rollout.get("visible") or {}, rollout.get("episode") or {}):
         if isinstance(d.get("patch"), str):
             return d["patch"].strip()
     return str(rollout.get("completion") or "").strip()
