@@ -162,5 +162,6 @@ def test_loop_runs_with_engine_vllm(tmp_path, capsys):
     assert state.status == "finished"
     trained = [VersionDir(p) for p in sorted((run_dir / "versions").iterdir())]
     train = [r for v in trained for r in v.rollouts("train")]
-    assert train and all(len(r.logprobs) == len(r.completion_ids) for r in train)
+    assert train, {v.path.name: (v.meta().status, v.meta().decision) for v in trained}
+    assert all(len(r.logprobs) == len(r.completion_ids) for r in train)
     assert all(r.logprobs and max(r.logprobs) <= 0.0 for r in train if r.completion_ids)

@@ -48,6 +48,18 @@ TINY_VLLM_OVERRIDES = {"num_attention_heads": 2, "num_key_value_heads": 1}
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # the max_lora_rank values vLLM accepts
 
 
+KV_SEQUENCES = 32   # full-length sequences the CPU KV cache holds at once (vLLM queues the rest)
+
+
+def kv_cache_bytes(config, max_model_len: int, dtype: str, sequences: int = KV_SEQUENCES) -> int:
+    """KV cache bytes for ``sequences`` sequences of ``max_model_len`` tokens of a decoder ``config``."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)
+    return per_token * max_model_len * sequences
+
+
 class VllmNotInstalledError(ImportError):
     pass
 
@@ -97,14 +109,20 @@ class VllmEngine:
         self.registry = AdapterRegistry(adapter_root)
         config = policy.base_model.config
         if max_model_len is None:   # the KV cache is sized from it: no more than rollouts need
-            max_model_len = min(int(getattr(config, "max_position_embeddings", 4096)), 4096)
+            max_model_len = min(int(getattr(config, "max_position_embeddings", 2048)), 2048)
+        kv = {}
+        if not torch.cuda.is_available():
+            # On CPU, gpu_memory_utilization is a share of the machine's RAM (7 GiB at 0.3 here, per
+            # engine): size the KV cache for KV_SEQUENCES full-length sequences instead, which is what
+            # rollouts use, so a second engine (a test, a benchmark) still fits beside the first.
+            kv["kv_cache_memory_bytes"] = kv_cache_bytes(config, max_model_len, dtype)
         t0 = time.perf_counter()
         self.llm = LLM(
             model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed,
             enable_lora=True, max_loras=max_loras, max_cpu_loras=max_cpu_loras or 2 * max_loras,
             max_lora_rank=lora_rank_bound(policy.lora.r), gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len, logprobs_mode="processed_logprobs", generation_config="vllm",
-            enforce_eager=enforce_eager, disable_log_stats=True,
+            enforce_eager=enforce_eager, disable_log_stats=True, **kv,
         )
         log.info("vLLM engine on %s ready in %.1f s (max_loras=%d)", model_dir, time.perf_counter() - t0, max_loras)
         tok = policy.tokenizer
