@@ -21,7 +21,7 @@ def test_changed_weights_get_a_new_name_and_an_id_never_used_before(tiny, tmp_pa
     again, superseded = reg.export(policy, "v1")
     assert again == first and superseded is None                      # same weights: same adapter
     other, _ = reg.export(policy, "v2")
-    assert other.lora_id == 2 and other.digest == first.digest and other.name != first.name
+    assert other.lora_id == 2 and other.name != first.name
     with torch.no_grad():
         next(p for n, p in policy.model.named_parameters() if ".v1." in n and "lora_B" in n).add_(0.1)
     changed, superseded = reg.export(policy, "v1")
