@@ -14,6 +14,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class AdapterRegistry:
         self._own = root is None   # a temporary folder of our own is removed by close()
         self.root = Path(tempfile.mkdtemp(prefix="evotrainer-adapters-")) if root is None else Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        # A temporary folder of our own goes with the registry (or the process) even without close().
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True) if self._own else None
         self.current: dict[str, ServedAdapter] = {}
         self._next_id = 1          # vLLM ids are positive integers
 
@@ -82,5 +85,5 @@ class AdapterRegistry:
         shutil.rmtree(served.path, ignore_errors=True)
 
     def close(self) -> None:
-        if self._own:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self._cleanup is not None:
+            self._cleanup()
