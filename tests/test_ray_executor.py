@@ -24,7 +24,7 @@ def cluster():
 
 
 def run(tmp_path, name, executor, **evolution):
-    cfg = tiny_cfg(tmp_path / name, generations=2, **evolution)
+    cfg = tiny_cfg(tmp_path / name, **{"generations": 2, **evolution})
     cfg["executor"] = executor
     exp = Experiment(parse_config(cfg))
     try:
