@@ -5,11 +5,15 @@ recorded as rejected with the reason; ray missing is a config error naming the e
 One local Ray cluster (2 CPUs) for the module: workers are real processes holding real models."""
 
 import os
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from evotrainer.config import ConfigError, parse_config
 from evotrainer.loop.experiment import Experiment
+from evotrainer.records.version import VersionDir
 from tests.test_experiment import check_invariants, mlflow_runs, tiny_cfg
 
 METRICS = ("heldout_accuracy", "selection_accuracy", "train_reward_mean", "cost")
@@ -104,3 +108,28 @@ def test_a_cluster_too_small_for_a_worker_is_a_config_error(tmp_path, cluster):
             exp.run()
         finally:
             exp.close()
+
+
+def test_a_driver_killed_after_a_worker_finished_resumes_without_repeating_it(tmp_path, cluster):
+    """The driver dies (os._exit, like kill -9) after a worker finished v0000 and before the driver
+    merged it; the resumed run (a new driver on the same cluster) does not train v0000 again."""
+    import ray
+
+    run_dir = tmp_path / "run"
+    cfg = {**tiny_cfg(run_dir, generations=2), "executor": "ray",
+           "ray": {"address": ray.get_runtime_context().gcs_address}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cli = [sys.executable, "-m", "evotrainer.cli.app"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "EVOTRAINER_CRASH_AT": "ray:result"}
+    died = subprocess.run(cli + ["run", str(path)], capture_output=True, text=True, env=env, timeout=600)
+    assert died.returncode == 137, died.stdout[-1500:] + died.stderr[-1500:]
+    steps = run_dir / "versions" / "v0000" / "steps.jsonl"
+    assert VersionDir(run_dir / "versions" / "v0000").meta().status == "verified"
+    trained_at = steps.stat().st_mtime_ns
+    env.pop("EVOTRAINER_CRASH_AT")
+    done = subprocess.run(cli + ["resume", str(run_dir)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert steps.stat().st_mtime_ns == trained_at, "v0000 was trained again"
+    state, _ = check_invariants(run_dir)
+    assert state.status == "finished" and state.generation == 2

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from evotrainer.config import Config, ConfigError
 from evotrainer.loop.branch_worker import BranchWorker
+from evotrainer.loop.crash import crash_point
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -131,6 +132,7 @@ class RayExecutor:
                 self._failed(exp, vid, f"its Ray worker raised {_first_line(e)}", attempts, queue)
                 continue
             self._idle.append(actor)
+            crash_point("ray:result")   # the version is done on disk, the driver has not merged it yet
             exp.budgets.spend(**result["spent"])
             for msg in result["said"]:
                 exp.say(msg)
