@@ -56,7 +56,7 @@ def test_ray_executor_matches_the_local_one(tmp_path, cluster):
         assert rs.budget_used[key] == ls.budget_used[key] > 0
     assert rs.budget_used["gen_seconds"] > 0 and rs.budget_used["verify_seconds"] > 0
     pids = {int(e.rsplit(" ", 1)[1]) for e in rs.events if " on Ray worker pid " in e}
-    assert pids and os.getpid() not in pids   # trained and verified in other processes
+    assert len(pids) == 2 and os.getpid() not in pids   # in other processes: one worker per CPU, reused
     check_invariants(remote.run_dir)   # one MLflow run per version, recorded by the driver
     assert len(mlflow_runs(remote.run_dir)) == len(remote.versions())
 
@@ -116,7 +116,7 @@ def test_a_driver_killed_after_a_worker_finished_resumes_without_repeating_it(tm
     import ray
 
     run_dir = tmp_path / "run"
-    cfg = {**tiny_cfg(run_dir, generations=2), "executor": "ray",
+    cfg = {**tiny_cfg(run_dir, generations=1), "executor": "ray",
            "ray": {"address": ray.get_runtime_context().gcs_address}}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -132,4 +132,4 @@ def test_a_driver_killed_after_a_worker_finished_resumes_without_repeating_it(tm
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert steps.stat().st_mtime_ns == trained_at, "v0000 was trained again"
     state, _ = check_invariants(run_dir)
-    assert state.status == "finished" and state.generation == 2
+    assert state.status == "finished" and state.generation == 1
