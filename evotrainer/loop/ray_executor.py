@@ -58,8 +58,12 @@ class RayExecutor:
             num_cpus=rc.num_cpus_per_branch, num_gpus=rc.num_gpus_per_branch, max_restarts=0,
             runtime_env={"env_vars": env} if env else None)
         self._idle: list[Any] = []
-        self._actors = 0
-        self.capacity = self._capacity()
+        self._actors: list[Any] = []   # every live worker, idle or busy: close() ends them all
+        try:
+            self.capacity = self._capacity()
+        except ConfigError:
+            self.close()
+            raise
 
     def _capacity(self) -> int:
         """How many workers the cluster's resources fit (at most ``ray.max_workers``)."""
@@ -76,11 +80,12 @@ class RayExecutor:
     def _worker(self) -> Any:
         if self._idle:
             return self._idle.pop()
-        self._actors += 1
-        return self._actor_cls.remote(self.cfg.model_dump(), self.run_dir)
+        actor = self._actor_cls.remote(self.cfg.model_dump(), self.run_dir)
+        self._actors.append(actor)
+        return actor
 
     def _drop(self, actor: Any) -> None:
-        self._actors -= 1
+        self._actors = [a for a in self._actors if a is not actor]
         try:
             self.ray.kill(actor)
         except Exception as e:  # noqa: BLE001 - an actor that is already gone
@@ -163,7 +168,7 @@ class RayExecutor:
 
     def close(self) -> None:
         """Ends the workers (their models with them), and the Ray cluster this executor started."""
-        for actor in self._idle:
+        for actor in list(self._actors):
             self._drop(actor)
         self._idle = []
         if self._owns_ray and self.ray.is_initialized():
