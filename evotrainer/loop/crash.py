@@ -4,6 +4,9 @@
 The kill -9 test used to land by timing (sleep after a log line), which hit each window only by
 luck; a named point hits exactly the window between one effect and the save that records it.
 Unset (always, outside tests), a point costs one environment lookup.
+
+``EVOTRAINER_CRASH_ONCE=<file>`` makes the crash happen once across processes: the first process to
+reach the point creates the file and dies, later ones (a retried Ray worker) go on.
 """
 
 from __future__ import annotations
@@ -11,10 +14,17 @@ from __future__ import annotations
 import os
 
 ENV = "EVOTRAINER_CRASH_AT"
+ONCE_ENV = "EVOTRAINER_CRASH_ONCE"
 
 
 def crash_point(label: str) -> None:
     if os.environ.get(ENV) == label:
+        once = os.environ.get(ONCE_ENV)
+        if once:
+            try:
+                os.close(os.open(once, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return
         _die()
 
 

@@ -24,6 +24,7 @@ from evotrainer.fitness.labels import LabelStore
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.budgets import BudgetReached, Budgets
 from evotrainer.loop.crash import crash_point
+from evotrainer.loop.executor import Executor, build_executor
 from evotrainer.loop.final_pick import report_test
 from evotrainer.loop.gating import gate_version
 from evotrainer.loop.operator_mix import operator_mix
@@ -35,7 +36,6 @@ from evotrainer.loop.selection import Candidate, survivors as select_survivors
 from evotrainer.loop.skills import SkillLibrary
 from evotrainer.loop.summary import print_summary
 from evotrainer.loop.seed import seed_program
-from evotrainer.loop.training import train_version, verify_version
 from evotrainer.loop.validate import validate_resources
 from evotrainer.loop.versions import SETTLED, new_version
 from evotrainer.records import run_dir as rundir
@@ -90,6 +90,7 @@ class Experiment:
 
     def close(self) -> None:
         """Releases the run's lock (the process's exit releases it too)."""
+        self.close_executor()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -126,6 +127,8 @@ class Experiment:
                 if self.vdir(vid).meta().status in ("pending", "awaiting_approval"):
                     self.budget_left(vid)
             self.say(f"budget reached: {e}; stopping cleanly")
+        finally:
+            self.close_executor()   # the loop's training is over (or paused): workers and their models go
         if s.status == "running":
             s.status = "finished"
         self.finish()
@@ -136,21 +139,11 @@ class Experiment:
         s, g = self.state, self.state.generation
         if s.stage == "train":
             self.progress.stage(f"gen {g}/{self.cfg.evolution.generations - 1} train", len(s.live))
-            for vid in s.live:
-                if self.vdir(vid).meta().status == "pending" and not self.budget_left(vid):
-                    continue
-                self.say(f"gen {g}: training {vid}")
-                train_version(self, vid)
-                self.save()
-                self.progress.advance()
+            self.executor.train(self, list(s.live))
             self.advance("verify")
         if s.stage == "verify":
             self.progress.stage(f"gen {g} verify", len(s.live))
-            for vid in s.live:
-                self.say(f"gen {g}: verifying {vid} on {len(self.runtime.heldout_tasks)} held-out tasks")
-                verify_version(self, vid)
-                self.save()
-                self.progress.advance()
+            self.executor.verify(self, list(s.live))
             self.advance("gate")
         if s.stage == "gate":
             self.progress.stage(f"gen {g} gate", len(s.live))
@@ -241,6 +234,15 @@ class Experiment:
                 self.save()
 
     # ---- helpers the stages use -------------------------------------------------------------
+    @functools.cached_property
+    def executor(self) -> Executor:
+        """Where train and verify run (``executor: local | ray``, ``loop/executor.py``)."""
+        return build_executor(self)
+
+    def close_executor(self) -> None:
+        if "executor" in self.__dict__:
+            self.__dict__.pop("executor").close()
+
     def vdir(self, vid: str) -> VersionDir:
         return VersionDir(self.run_dir / "versions" / vid)
 

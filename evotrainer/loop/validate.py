@@ -12,6 +12,7 @@ contract check), and never in a loop whose operators write code.
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -46,6 +47,18 @@ def validate_resources(cfg: Config, loop: bool, say: Callable[[str], None] | Non
     _device(cfg)
     _model_and_lora(cfg)
     _engine(cfg, say)
+    _executor(cfg)
+
+
+def ray_installed() -> bool:
+    return importlib.util.find_spec("ray") is not None
+
+
+def _executor(cfg: Config) -> None:
+    """``executor: ray`` needs ray installed (checked before any compute, not at the first version)."""
+    if cfg.executor == "ray" and not ray_installed():
+        raise ConfigError("field 'executor': executor: ray needs the ray package, which is not installed; "
+                          "install the ray extra (pip install -c constraints.txt -e '.[ray]'), or set executor: local")
 
 
 def _engine(cfg: Config, say: Callable[[str], None] | None) -> None:
