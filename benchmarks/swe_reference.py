@@ -39,7 +39,7 @@ def _config(args, seed: int):
     cfg.domain.n_heldout = args.heldout
     cfg.domain.episode.max_turns = args.max_turns
     cfg.domain.episode.max_turn_tokens = args.turn_tokens
-    cfg.grpo.max_completion_length = cfg.train.eval_max_new_tokens = args.turn_tokens
+    cfg.train.eval_max_new_tokens = args.turn_tokens   # grpo.max_completion_length (a knob) caps it too
     if args.model:
         cfg.model = args.model
     return cfg
