@@ -12,6 +12,13 @@ per episode, and the training steps' reward and cost.
         [--model smollm2-135m] [--json benchmarks/results/swe_reference_cpu.json]
 
 The config's ``evolution`` section is ignored: this is ``evotrainer train`` (one branch, the seed harness).
+
+Measured on 2 shared CPU cores (load average ~5), ``--steps 1 --prompts 1 --generations 2 --heldout 2
+--max-turns 2 --turn-tokens 64`` (benchmarks/results/swe_reference_cpu.{txt,json}, 484 s): resolution
+0.000 -> 0.000; every episode ended at the config's 120 s episode wall time after 1 turn of 64
+tokens holding no well-formed tool call (tool-call failure rate 1.0), 67 s per held-out episode
+before and 92 s after (generation under load). Steps 2 with 3 turns of 96-128 tokens did not finish
+in 11 minutes on this machine.
 """
 
 from __future__ import annotations

@@ -57,7 +57,11 @@ def test_evolve_swe_runs_the_loop_with_children_on_swe_reports(tmp_path, capsys,
         report = json.loads((vd.path / "health.json").read_text())
         assert all(k in report["metrics"] for k in SWE_METRICS), (v, sorted(report["metrics"]))
         assert report["metrics"]["tool_failure_rate"] == 1.0   # random text never holds a well-formed call
-        assert "tool_failures" in {a["name"] for a in report["alerts"]}
+        alerts = {a["name"]: a for a in report["alerts"]}
+        assert "tool_failures" in alerts
+        # every episode ends at the turn limit: the overlong alert speaks of episodes, not token limits
+        assert "episodes ended at a limit" in alerts["overlong"]["message"], alerts["overlong"]
+        assert "max_completion_length" not in alerts["overlong"]["suggestion"]
 
     # Children in generations 1 and 2, each proposed by an operator, trained, verified and gated.
     children = [m for m in metas.values() if m.operator]
