@@ -106,6 +106,10 @@ def engine_alerts(m: dict[str, float | None]) -> list[dict[str, Any]]:
                 f"ones (Fisher p={p:.2g})", "remove the leak from the prompts; add a validity check that detects copying")
     trunc = m.get("truncation_rate")
     if trunc is not None and trunc > 0.5:
-        add("overlong", "warning", f"{trunc:.0%} of train completions hit the token limit",
-            "raise max_completion_length or mask truncated completions")
+        if m.get("history_read_rate") is not None:   # multi-turn episodes: truncated = ended at a limit
+            add("overlong", "warning", f"{trunc:.0%} of train episodes ended at a limit (turns, context or "
+                "wall time) without a submit", "raise domain.episode.max_turns, or reward submitting a patch")
+        else:
+            add("overlong", "warning", f"{trunc:.0%} of train completions hit the token limit",
+                "raise max_completion_length or mask truncated completions")
     return found

@@ -33,8 +33,9 @@ def _asked(r: Rollout) -> str:
     """What the harness's prompt asked. A multi-turn rollout may carry the conversation after the
     prompt in its messages (tool results, which show the repository's code): that is the episode, so
     the messages are cut at the policy's first turn (the assistant message that is ``turns[0]``'s
-    text). An assistant message of the prompt itself (a few-shot example) is not cut at."""
-    turns = r.turns if isinstance(r.turns, list) else []
+    text). An assistant message of the prompt itself (a few-shot example) is not cut at. The engine's
+    episodes count their turns in ``turns`` and keep the turn dicts (``text``) in ``turn_log``."""
+    turns = r.turns if isinstance(r.turns, list) else r.turn_log
     first = next((t.get("content", t.get("text")) for t in turns if isinstance(t, dict)
                   and t.get("role", "assistant") == "assistant"), None)
     asked = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import operator
 import random
@@ -32,6 +33,8 @@ from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import ExpectedEffect, Intervention
 from evotrainer.records.numeric import finite_or_none
+
+log = logging.getLogger(__name__)
 
 # The comparison operators of a trigger condition: the same set as ``loop/skills.py`` triggers, so a
 # library entry exported as a seed skill fires on exactly the reports it fires on here.
@@ -72,6 +75,9 @@ class LibraryEntry:
     needs_knobs: tuple[str, ...] = ()     # knobs the template reads from KNOBS
     requires_hook: str | None = None      # a hook the parent must already define (e.g. select_tasks)
     weight: float = 1.0
+    # Reads one completion (its length against max_completion_length, its truncation or answer
+    # format): meaningless on multi-turn episodes, whose completion spans turns and tool results.
+    single_turn: bool = False
 
     @property
     def kind(self) -> str:
@@ -191,6 +197,12 @@ def default_entries() -> list[LibraryEntry]:
     return list(ENTRIES)
 
 
+# A report of multi-turn episodes carries this metric (the SWE harness's, and any episode harness's).
+EPISODE_METRIC = "turns_mean"
+SINGLE_TURN_ONLY = ("a single-turn entry (it reads one completion's length, truncation or answer format); "
+                    f"this parent's rollouts are multi-turn episodes ({EPISODE_METRIC} in its report)")
+
+
 @dataclass
 class Applicable:
     """An entry that fires on a report and can edit the parent, with its parameter options."""
@@ -207,6 +219,9 @@ def applicable_entries(parent: HarnessProgram, evidence: Evidence, entries: Sequ
     for entry in entries:
         if not entry.fires(metrics):
             skipped[entry.id] = "trigger does not fire"
+            continue
+        if entry.single_turn and EPISODE_METRIC in metrics:
+            skipped[entry.id] = SINGLE_TURN_ONLY
             continue
         why = entry.unavailable(parent)
         if why:
@@ -291,6 +306,10 @@ class LibraryOperator:
             detail = "; ".join(f"{k}: {v}" for k, v in fired.items()) or "no trigger holds on the report's metrics"
             raise OperatorError(f"no library entry fires on this health report with an untried child ({detail})",
                                 "input")
+        left_out = {k: v for k, v in skipped.items() if v == SINGLE_TURN_ONLY}
+        if left_out:   # fired, but not for this parent's rollouts: said, not silently dropped
+            log.info("library: left out %s on %s: %s", ", ".join(left_out), getattr(parent, "hash", "?")[:8],
+                     SINGLE_TURN_ONLY)
         failures, kind = [], "input"
         while found:
             pick = self.rng.choices(found, weights=[self.weights[a.entry.id] for a in found])[0]

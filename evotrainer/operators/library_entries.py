@@ -223,21 +223,22 @@ ENTRIES: tuple[LibraryEntry, ...] = (
         "If a wrong answer in the required format earns {credit}, dead groups regain reward variance and "
         "format compliance rises, because format is within reach of the policy when correctness is not.",
         FEWER_DEAD, "DeepSeek-R1 (2025): rule-based accuracy plus format reward",
-        template=FORMAT_CREDIT, params=(Param("credit", (0.1, 0.2, 0.3)),)),
+        template=FORMAT_CREDIT, params=(Param("credit", (0.1, 0.2, 0.3)),), single_turn=True),
     LibraryEntry(
         "dapo_overlong_shaping", "reward: DAPO soft penalty for completions near or at the token limit",
         "hook:reward", (when("truncation_rate", ">", 0.3),),
         "If completions within the last {buffer} of the token limit are penalised (scale {scale}), truncation "
         "falls and dead groups regain variance, because length now separates rollouts of equal correctness.",
         FEWER_DEAD, "DAPO (Yu et al., 2025): overlong reward shaping", template=OVERLONG_PENALTY,
-        params=(Param("buffer", (0.25, 0.5)), Param("scale", (0.5, 1.0))), needs_knobs=("max_completion_length",)),
+        params=(Param("buffer", (0.25, 0.5)), Param("scale", (0.5, 1.0))), needs_knobs=("max_completion_length",),
+        single_turn=True),
     LibraryEntry(
         "length_penalty", "reward: Kimi k1.5 length reward (shorter than the group's others is better)",
         "hook:reward", (when("truncation_rate", ">", 0.2),),
         "If shorter completions within a group earn up to {weight} more, completions shorten and fewer are "
         "truncated, and dead groups regain variance, because length varies where correctness does not.",
         FEWER_DEAD, "Kimi k1.5 (Kimi Team, 2025): length penalty", template=LENGTH_PENALTY,
-        params=(Param("weight", (0.1, 0.2, 0.5)),)),
+        params=(Param("weight", (0.1, 0.2, 0.5)),), single_turn=True),
     LibraryEntry(
         "dapo_dynamic_sampling", "keep_groups: drop dead groups (all rollouts agree)",
         "hook:keep_groups", (when("dead_group_ratio", ">", 0.3), when("kept_group_ratio", ">", 0.9)),
@@ -321,14 +322,14 @@ ENTRIES: tuple[LibraryEntry, ...] = (
         "If max_completion_length rises from {old} to {new}, fewer completions are truncated and held-out score "
         "rises, because truncated completions never reach their final answer.",
         FITTER, "completion budget (TRL GRPOConfig.max_completion_length)",
-        move=KnobMove("max_completion_length")),
+        move=KnobMove("max_completion_length"), single_turn=True),
     LibraryEntry(
         "mask_truncated", "knob: exclude truncated completions from the loss",
         "knob:mask_truncated_completions", (when("truncation_rate", ">", 0.3),),
         "If mask_truncated_completions goes from {old} to {new}, held-out score rises, because truncated "
         "completions are penalised for length rather than for their reasoning.",
         FITTER, "DAPO (Yu et al., 2025): overlong filtering; TRL mask_truncated_completions",
-        move=KnobMove("mask_truncated_completions", to=True)),
+        move=KnobMove("mask_truncated_completions", to=True), single_turn=True),
     LibraryEntry(
         "swe_history_validity", "validity: flag resolution that rides on git-history commands (SWE leak)",
         "hook:validity", (when("history_call_rate", ">", 0.0),),
