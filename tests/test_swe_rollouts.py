@@ -105,7 +105,8 @@ def test_train_command_runs_swe_episodes_end_to_end(tmp_path, capsys):
         "model": "tiny-random", "run_dir": str(run_dir),
         "domain": {"name": "swe", "difficulty": 1, "n_train": 2, "n_heldout": 1, "n_test": 1,
                    "episode": {"max_turns": 2, "max_turn_tokens": 8, "max_context_tokens": 1000}},
-        "grpo": {"max_completion_length": 32, "num_generations": 2, "learning_rate": 1e-3},
+        # (the SWE harness's per-turn length knob starts at 128; the episode's max_turn_tokens caps a turn)
+        "grpo": {"max_completion_length": 128, "num_generations": 2, "learning_rate": 1e-3},
         "train": {"steps": 1, "prompts_per_step": 1, "eval_max_new_tokens": 4},
     }
     path = tmp_path / "cfg.yaml"

@@ -36,10 +36,11 @@ def test_no_sandbox_for_a_named_harness_warns_after_the_contract_check(tmp_path)
     harness.write_text(reference_program().source)
     said = []
     validate_resources(cfg(tmp_path, sandbox=False, harness=str(harness)), loop=False, say=said.append)
-    assert len(said) == 1 and "mine.py" in said[0] and "unsandboxed" in said[0]
+    warnings = [s for s in said if s.startswith("warning")]   # (the engine choice is said too)
+    assert len(warnings) == 1 and "mine.py" in warnings[0] and "unsandboxed" in warnings[0]
     said.clear()
     validate_resources(cfg(tmp_path, sandbox=True, harness=str(harness)), loop=False, say=said.append)
-    assert not said
+    assert not [s for s in said if s.startswith("warning")]
     harness.write_text(reference_program().source + "\ndata = open('/etc/passwd').read()\n")
     with pytest.raises(ConfigError, match="mine.py.*open"):
         validate_resources(cfg(tmp_path, sandbox=False, harness=str(harness)), loop=False, say=said.append)
