@@ -40,6 +40,16 @@ class Completion:
     meta: dict = field(default_factory=dict)
 
 
+def chat_ids(tokenizer, prompts: Sequence[Messages]) -> list[list[int]]:
+    """Each prompt's chat-template token ids with the generation prompt: what every engine samples
+    from (one encoding, so the engines and the trainer see the same tokens)."""
+    return [
+        list(tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)["input_ids"])
+        for m in prompts
+    ]
+
+
 class RolloutEngine(Protocol):
     def generate(
         self, prompts: Sequence[Messages], params: SamplingParams, adapter: str | None = None
@@ -100,11 +110,7 @@ class TransformersEngine:
         return self.policy.tokenizer
 
     def encode(self, prompts: Sequence[Messages]) -> list[list[int]]:
-        return [
-            list(self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True)["input_ids"])
-            for m in prompts
-        ]
+        return chat_ids(self.tokenizer, prompts)
 
     def generate(
         self, prompts: Sequence[Messages], params: SamplingParams, adapter: str | None = None

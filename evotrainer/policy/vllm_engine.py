@@ -36,7 +36,7 @@ import torch
 
 from evotrainer.policy.adapter_registry import AdapterRegistry, ServedAdapter
 from evotrainer.policy.lora import PROBE_MESSAGES, AdapterNotAppliedError
-from evotrainer.policy.rollout_engine import Completion, Messages, SamplingParams
+from evotrainer.policy.rollout_engine import Completion, Messages, SamplingParams, chat_ids
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +138,7 @@ class VllmEngine:
 
     def encode(self, prompts: Sequence[Messages]) -> list[list[int]]:
         """Chat-template token ids, exactly as the transformers engine encodes them."""
-        return [
-            list(self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True)["input_ids"])
-            for m in prompts
-        ]
+        return chat_ids(self.tokenizer, prompts)
 
     # ---- sampling ----------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Messages], params: SamplingParams, adapter: str | None = None
