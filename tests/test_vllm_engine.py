@@ -15,7 +15,7 @@ import yaml  # noqa: E402
 from evotrainer.policy.base_model import load_base_model, model_dir  # noqa: E402
 from evotrainer.policy.grpo import per_token_logps  # noqa: E402
 from evotrainer.policy.lora import AdapterNotAppliedError, Policy  # noqa: E402
-from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine  # noqa: E402
+from evotrainer.policy.rollout_engine import Completion, SamplingParams, TransformersEngine  # noqa: E402
 from evotrainer.policy.vllm_engine import TINY_VLLM_OVERRIDES, VllmEngine  # noqa: E402
 
 PROMPTS = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Name a colour."}]]
@@ -140,6 +140,31 @@ def test_several_branches_in_one_call_each_sample_their_own_adapter(setup):
             assert (torch.tensor(c.logprobs) - other).abs().max().item() > 10 * LOGPROB_ATOL
 
 
+def test_verify_many_puts_every_version_in_one_call_per_seed(setup, monkeypatch):
+    """Held-out verification of several versions (collect.verify_many): one generate_many call per
+    seed for all of them, each version's rollouts in its own tasks' order, graded as hidden outcomes,
+    and sampled from its own adapter (its logprobs are its adapter's, not a neighbour's)."""
+    from evotrainer.domains import get_domain
+    from evotrainer.policy.collect import default_prompt, verify_many
+
+    policy, engine = setup
+    tasks = get_domain("math", n_train=4, n_heldout=3, n_test=2, difficulty=2, seed=0).tasks("heldout")
+    calls = []
+    real = engine.generate_many
+    monkeypatch.setattr(engine, "generate_many", lambda jobs: calls.append(len(jobs)) or real(jobs))
+    out = verify_many(engine, get_domain("math", n_train=4, n_heldout=3, n_test=2, difficulty=2, seed=0),
+                      [(tasks, "va", default_prompt), (tasks, "vb", default_prompt)], max_new_tokens=6,
+                      seeds=(0, 1))
+    assert calls == [2, 2]
+    for adapter, rollouts in zip(("va", "vb"), out):
+        assert [r.task_id for r in rollouts] == [t.id for t in tasks] * 2
+        assert all(r.split == "heldout" and "correct" in r.hidden and not r.visible.get("correct") for r in rollouts)
+        for r in rollouts[:2]:
+            c = Completion(r.prompt_ids, r.completion_ids, r.logprobs, r.completion, r.truncated, r.stop_reason)
+            own = teacher_forced(policy, adapter, c, 1.0, 1.0)
+            assert (torch.tensor(r.logprobs) - own).abs().max().item() < LOGPROB_ATOL
+
+
 def test_loop_runs_with_engine_vllm(tmp_path, capsys):
     from evotrainer.cli.app import main
     from evotrainer.records.run_state import load_state
@@ -151,13 +176,15 @@ def test_loop_runs_with_engine_vllm(tmp_path, capsys):
         "domain": {"difficulty": 2, "n_train": 8, "n_heldout": 4, "n_test": 4},
         "grpo": {"max_completion_length": 32, "num_generations": 2},
         "train": {"prompts_per_step": 2, "eval_max_new_tokens": 6},
-        "evolution": {"population_size": 2, "children_per_generation": 1, "generations": 2,
+        "evolution": {"population_size": 2, "children_per_generation": 2, "generations": 2,
                       "steps_per_generation": 2, "operators": {"knobs": 1.0}, "user_skills": False},
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert main(["run", str(path)]) == 0
-    assert "rollout engine: vllm (engine: vllm in the config" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "rollout engine: vllm (engine: vllm in the config" in out
+    assert "in one batch" in out   # a generation's children (and their control) verified together
     state = load_state(run_dir)
     assert state.status == "finished"
     trained = [VersionDir(p) for p in sorted((run_dir / "versions").iterdir())]

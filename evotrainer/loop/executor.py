@@ -4,8 +4,8 @@ The driver (``Experiment``) keeps the state machine: stages, selection, gates, M
 run state saved after every version. An executor only decides where ``train_version`` and
 ``verify_version`` run:
 
-- ``local``: in this process, one version after another (the train stage trains all live versions,
-  then the verify stage verifies them), on the experiment's own ``Runtime``;
+- ``local``: in this process, on the experiment's own ``Runtime``: the train stage trains the live
+  versions one after another, then the verify stage verifies them (on vLLM, all in one batch);
 - ``ray`` (``loop/ray_executor.py``): each live version's train and verify as one Ray actor call on
   a worker that holds its own ``Runtime`` (base model loaded once per actor), writing into the same
   run directory; the driver merges each worker's spend and messages into the run state.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from evotrainer.loop.training import train_version, verify_version
+from evotrainer.loop.training import train_version, verify_versions
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -47,9 +47,12 @@ class LocalExecutor:
         g = exp.state.generation
         for vid in vids:
             exp.say(f"gen {g}: verifying {vid} on {len(exp.runtime.heldout_tasks)} held-out tasks")
-            verify_version(exp, vid)
+
+        def done(vid: str) -> None:
             exp.save()
             exp.progress.advance()
+
+        verify_versions(exp, vids, on_done=done)
 
     def close(self) -> None:
         pass

@@ -19,8 +19,9 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
-from evotrainer.policy.collect import prompt_fn, verify
+from evotrainer.policy.collect import default_prompt, prompt_fn, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
+from evotrainer.policy.episodes import sampled_token_budget
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.train_step import grpo_config, train_step
 from evotrainer.records.scores import heldout_accuracy
@@ -48,7 +49,8 @@ def train_version(exp: Experiment, vid: str) -> None:
     try:
         with Harness(program, sandbox=cfg.sandbox) as harness:
             grpo = grpo_config(harness, cfg.grpo.model_dump())
-            trainer = GRPOTrainer(exp.runtime.policy, vid, grpo)
+            trainer = GRPOTrainer(exp.runtime.policy, vid, grpo,
+                                  max_tokens=sampled_token_budget(exp.runtime.domain, grpo.max_completion_length))
             inherited = vd.adapter_dir / OPTIMIZER_FILE   # copied with the parent's adapter
             if cfg.train.carry_optimizer and inherited.is_file():
                 trainer.load_optimizer_state(torch.load(inherited, weights_only=True))
@@ -94,32 +96,59 @@ def train_version(exp: Experiment, vid: str) -> None:
 
 
 def verify_version(exp: Experiment, vid: str) -> None:
-    """Held-out verification by the engine (hidden outcomes) and the version's health report.
+    verify_versions(exp, [vid])
+
+
+def verify_versions(exp: Experiment, vids: list[str], on_done=None) -> None:
+    """Held-out verification by the engine (hidden outcomes) and each version's health report.
 
     The whole held-out pool is verified in one pass and stored in two parts: the gate draw as
     ``heldout`` (all the fitness layer reads: gates, health, validity checks) and the selection draw
-    as ``selection`` (only selection reads it, through ``selection_accuracy``)."""
+    as ``selection`` (only selection reads it, through ``selection_accuracy``). On an engine that
+    serves several adapters at once (vLLM) all the versions' prompts go in one call; each version's
+    ``verify_seconds`` is then its share of that call. ``on_done(vid)`` runs after each version."""
+    tc = exp.cfg.train
+    rt = exp.runtime
+    ready, jobs = [], []
+    for vid in vids:
+        vd = exp.vdir(vid)
+        meta = vd.meta()
+        if meta.status != "trained":
+            continue
+        rt.load_adapter(vid, vd.adapter_dir)
+        rt.policy.check_adapter_applied(vid)
+        program = HarnessProgram(vd.genome_source(), name=f"{vid}/genome.py")
+        try:
+            with Harness(program, sandbox=exp.cfg.sandbox) as harness:   # a version is verified as it is asked
+                ask = prompt_fn(harness)
+                asked = {t.id: ask(t) for t in rt.heldout_tasks} if ask is not default_prompt else None
+        except (SandboxError, GenomeError, ValueError) as e:
+            meta.status, meta.decision = "rejected", {"reasons": [f"harness failed in verification: {e}"]}
+            vd.save_meta(meta)
+            rt.unload_adapter(vid)
+            exp.say(f"{vid}: harness failed in verification: {e}")
+            if on_done:
+                on_done(vid)
+            continue
+        ready.append(vid)
+        jobs.append((rt.heldout_tasks, vid, default_prompt if asked is None else (lambda t, a=asked: a[t.id])))
+    if not ready:
+        return
+    if len(ready) > 1 and hasattr(rt.engine, "generate_many"):
+        exp.say(f"verifying {', '.join(ready)} in one batch ({len(ready) * len(rt.heldout_tasks)} prompts per seed)")
+    t0 = time.perf_counter()
+    results = verify_many(rt.engine, rt.domain, jobs, max_new_tokens=tc.eval_max_new_tokens,
+                          temperature=tc.eval_temperature, seeds=tc.eval_seeds)
+    share = (time.perf_counter() - t0) / len(ready)
+    for vid, heldout in zip(ready, results):
+        _record_verification(exp, vid, heldout, share)
+        if on_done:
+            on_done(vid)
+
+
+def _record_verification(exp: Experiment, vid: str, heldout: list, verify_seconds: float) -> None:
     vd = exp.vdir(vid)
     meta = vd.meta()
-    if meta.status != "trained":
-        return
-    tc = exp.cfg.train
-    exp.runtime.load_adapter(vid, vd.adapter_dir)
-    exp.runtime.policy.check_adapter_applied(vid)
-    t0 = time.perf_counter()
-    program = HarnessProgram(vd.genome_source(), name=f"{vid}/genome.py")
-    try:
-        with Harness(program, sandbox=exp.cfg.sandbox) as harness:   # a version is verified as it is asked
-            heldout = verify(exp.runtime.engine, exp.runtime.domain, exp.runtime.heldout_tasks, vid,
-                             max_new_tokens=tc.eval_max_new_tokens, temperature=tc.eval_temperature,
-                             seeds=tc.eval_seeds, prompt=prompt_fn(harness))
-    except (SandboxError, GenomeError, ValueError) as e:
-        meta.status, meta.decision = "rejected", {"reasons": [f"harness failed in verification: {e}"]}
-        vd.save_meta(meta)
-        exp.runtime.unload_adapter(vid)
-        exp.say(f"{vid}: harness failed in verification: {e}")
-        return
-    verify_seconds = time.perf_counter() - t0
     exp.runtime.unload_adapter(vid)
     exp.budgets.spend(rollout_tokens=sum(r.num_tokens for r in heldout), verify_seconds=verify_seconds)
     in_gate = {t.id for t in exp.runtime.gate_tasks}

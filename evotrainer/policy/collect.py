@@ -13,7 +13,7 @@ from typing import Callable, Protocol, Sequence
 from evotrainer.domains.base import Domain
 from evotrainer.domains.task import Task
 from evotrainer.policy.episodes import episode_rollouts, is_episodic
-from evotrainer.policy.rollout_engine import RolloutEngine, SamplingParams
+from evotrainer.policy.rollout_engine import Completion, RolloutEngine, SamplingParams
 from evotrainer.records.rollout import Rollout
 
 SYSTEM_PROMPT = None  # the domain's prompt carries the instruction; keep the model's own system prompt
@@ -48,10 +48,14 @@ def collect_groups(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task],
                                               None if prompt is default_prompt else prompt)
     else:
         rollouts, verdicts = _single_turn(engine, domain, tasks, group_size, params, adapter, step, prompt)
+    _file_verdicts(rollouts, verdicts)
+    return rollouts
+
+
+def _file_verdicts(rollouts: Sequence[Rollout], verdicts: Sequence[dict]) -> None:
     for r, verdict in zip(rollouts, verdicts):
         r.visible, r.hidden = (verdict, {}) if r.split == "train" else (
             {"format_ok": verdict.get("format_ok", False)}, verdict)
-    return rollouts
 
 
 def _single_turn(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], group_size: int,
@@ -61,14 +65,18 @@ def _single_turn(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], g
     prompts = [asked[id(t)] for t in tasks for _ in range(group_size)]
     completions = engine.generate(prompts, params, adapter=adapter)
     expanded = [t for t in tasks for _ in range(group_size)]
-    verdicts = domain.verify_batch(expanded, [c.text for c in completions])
-    rollouts = [Rollout(
+    return _rollouts(expanded, prompts, completions, group_size, params, step), domain.verify_batch(
+        expanded, [c.text for c in completions])
+
+
+def _rollouts(tasks: Sequence[Task], prompts: Sequence[Messages], completions: Sequence[Completion],
+              group_size: int, params: SamplingParams, step: int) -> list[Rollout]:
+    return [Rollout(
         task_id=task.id, messages=prompts[i], completion=c.text, prompt_ids=c.prompt_ids,
         completion_ids=c.completion_ids, logprobs=c.logprobs, truncated=c.truncated,
         stop_reason=c.stop_reason, gen_seconds=c.gen_seconds, seed=params.seed, group=i // group_size,
         step=step, split=task.split,
-    ) for i, (task, c) in enumerate(zip(expanded, completions))]
-    return rollouts, verdicts
+    ) for i, (task, c) in enumerate(zip(tasks, completions))]
 
 
 def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter: str | None,
@@ -83,4 +91,27 @@ def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter
     for seed in seeds:
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
         out.extend(collect_groups(engine, domain, tasks, 1, params, adapter, step=-1, prompt=prompt))
+    return out
+
+
+VerifyJob = tuple[Sequence[Task], "str | None", PromptFn]   # (tasks, adapter, how they are asked)
+
+
+def verify_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[VerifyJob], max_new_tokens: int,
+                temperature: float = 0.0, seeds: Sequence[int] = (0,)) -> list[list[Rollout]]:
+    """:func:`verify` for several versions, one job each. An engine that serves several adapters in
+    one call (``generate_many``: vLLM) gets every version's prompts in one call per seed, so the
+    population shares batches; otherwise (and for episodic domains) one version after another."""
+    if is_episodic(domain) or not hasattr(engine, "generate_many") or len(jobs) < 2:
+        return [verify(engine, domain, tasks, adapter, max_new_tokens, temperature, seeds, prompt)
+                for tasks, adapter, prompt in jobs]
+    asked = [[prompt(t) for t in tasks] for tasks, _, prompt in jobs]   # once per task, not per seed
+    out: list[list[Rollout]] = [[] for _ in jobs]
+    for seed in seeds:
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+        done = engine.generate_many([(prompts, params, adapter) for prompts, (_, adapter, _) in zip(asked, jobs)])
+        for rollouts_of, (tasks, _, _), prompts, completions in zip(out, jobs, asked, done):
+            rollouts = _rollouts(tasks, prompts, completions, 1, params, step=-1)
+            _file_verdicts(rollouts, domain.verify_batch(tasks, [c.text for c in completions]))
+            rollouts_of.extend(rollouts)
     return out
