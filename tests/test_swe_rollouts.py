@@ -128,3 +128,24 @@ def test_episode_limits_are_refused_off_the_swe_domain():
 
     with pytest.raises(ConfigError, match="episode limits are for the swe domain"):
         parse_config({"domain": {"name": "math", "episode": {"max_turns": 2}}})
+
+
+def test_dr_grpo_normalises_an_episode_by_its_whole_token_budget(domain):
+    """Dr. GRPO divides by a constant: the most tokens a rollout may sample. For an episode that is
+    every turn's budget (max_turns × per-turn tokens), not one turn's, or a long episode would weigh
+    max_turns times more than the single-turn loss the trainer was tuned on."""
+    import torch
+
+    from evotrainer.domains import get_domain
+    from evotrainer.policy.episodes import sampled_token_budget
+    from evotrainer.policy.grpo import grpo_loss
+
+    assert sampled_token_budget(domain, 64) == LIMITS.max_turns * LIMITS.max_turn_tokens   # the per-turn cap binds
+    assert sampled_token_budget(domain, 8) == LIMITS.max_turns * 8
+    assert sampled_token_budget(get_domain("math", n_train=2, n_heldout=1, n_test=1), 64) == 64
+    cfg = GRPOConfig(loss_type="dr_grpo", max_completion_length=16)
+    logps, mask, adv = torch.randn(2, 5), torch.ones(2, 5), torch.tensor([1.0, 0.5])
+    one_turn, _ = grpo_loss(logps, logps.detach(), adv, mask, cfg)
+    episode, _ = grpo_loss(logps, logps.detach(), adv, mask, cfg, max_tokens=48)
+    assert one_turn.abs() > 0
+    assert torch.allclose(episode * 3, one_turn)

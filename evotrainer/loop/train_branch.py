@@ -19,6 +19,7 @@ from evotrainer.genome.harness import Harness
 from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.policy.curriculum import choose_tasks, task_stats
+from evotrainer.policy.episodes import sampled_token_budget
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.engine_choice import build_engine, resolve_engine, tiny_overrides
@@ -64,7 +65,7 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         branch = "v0"
         policy.create(branch)
         engine = build_engine(cfg, policy, engine_name)
-        trainer = GRPOTrainer(policy, branch, grpo)
+        trainer = GRPOTrainer(policy, branch, grpo, max_tokens=sampled_token_budget(domain, grpo.max_completion_length))
         heldout = domain.tasks("heldout")[: cfg.train.eval_size]
         ev = dict(max_new_tokens=cfg.train.eval_max_new_tokens, temperature=cfg.train.eval_temperature,
                   seeds=cfg.train.eval_seeds, prompt=prompt_fn(harness))

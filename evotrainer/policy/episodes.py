@@ -38,6 +38,16 @@ def is_episodic(domain: Any) -> bool:
     return callable(getattr(domain, "environment", None))
 
 
+def sampled_token_budget(domain: Any, max_completion_length: int) -> int:
+    """The most tokens one rollout may sample: one completion, or every assistant turn of an episode
+    (``max_turns`` turns of at most ``min(max_completion_length, max_turn_tokens)``). Dr. GRPO's
+    constant normaliser is this budget, so a long episode is not weighted as if it were one turn."""
+    limits = getattr(domain, "episode_limits", None) if is_episodic(domain) else None
+    if limits is None:
+        return max_completion_length
+    return limits.max_turns * min(max_completion_length, limits.max_turn_tokens)
+
+
 def turn_separator(tokenizer, result: str, sampled_eos: bool) -> list[int]:
     """The tokens the chat template puts after an assistant turn's content up to the next turn: the
     turn's end (dropped when the policy sampled it as its eos), ``result`` as a user message, and the

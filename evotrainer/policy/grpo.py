@@ -74,6 +74,7 @@ def grpo_loss(
     ref_logps: torch.Tensor | None = None,
     num_items_in_batch: float | None = None,  # completion tokens in the whole step (dapo)
     num_micro_batches: int = 1,
+    max_tokens: int | None = None,  # dr_grpo's constant: the most tokens a sequence may sample
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss of the GRPO family; returns (loss, stats)."""
     A = advantages.unsqueeze(1)
@@ -98,7 +99,8 @@ def grpo_loss(
     elif cfg.loss_type == "bnpo":      # mean over the micro-batch's tokens
         loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0) / num_micro_batches
     elif cfg.loss_type == "dr_grpo":   # constant normaliser: no length bias (Dr. GRPO)
-        loss = (per_token * mask).sum() / (per_token.size(0) * cfg.max_completion_length) / num_micro_batches
+        budget = max_tokens or cfg.max_completion_length
+        loss = (per_token * mask).sum() / (per_token.size(0) * budget) / num_micro_batches
     else:                              # dapo: token mean over the whole step
         total = num_items_in_batch if num_items_in_batch is not None else mask.sum()
         loss = (per_token * mask).sum() / max(float(total), 1.0)
@@ -124,8 +126,11 @@ class GRPOTrainer:
     parameters only. Rewards and advantages come from the harness, not from here.
     """
 
-    def __init__(self, policy, branch: str, cfg: GRPOConfig) -> None:
+    def __init__(self, policy, branch: str, cfg: GRPOConfig, max_tokens: int | None = None) -> None:
+        # max_tokens: the most tokens one sequence may sample (dr_grpo's constant normaliser):
+        # max_completion_length for a single turn, the whole episode's budget for a multi-turn one.
         self.policy, self.branch, self.cfg = policy, branch, cfg
+        self.max_tokens = max_tokens or cfg.max_completion_length
         self.params = policy.parameters(branch)
         if not self.params:
             raise ValueError(f"branch {branch!r} has no trainable LoRA parameters")
@@ -200,7 +205,8 @@ class GRPOTrainer:
                     logps = per_token_logps(model, batch["input_ids"], batch["attention_mask"], batch["T"],
                                             cfg.temperature, cfg.top_p)
                     loss, s = grpo_loss(logps, batch["old_logps"], adv, batch["completion_mask"], cfg, ref,
-                                        num_items_in_batch=total_tokens, num_micro_batches=len(batches))
+                                        num_items_in_batch=total_tokens, num_micro_batches=len(batches),
+                                        max_tokens=self.max_tokens)
                     loss.backward()
                     stats["loss"] += float(loss.detach()) / cfg.num_iterations
                     for k in ("clip_ratio/low", "clip_ratio/high", "kl"):
