@@ -40,13 +40,6 @@ def test_engine_vllm_without_vllm_names_the_field_and_the_extra(monkeypatch):
         validate_resources(cfg("vllm"), loop=False)
 
 
-def test_the_swe_domain_stays_on_transformers_until_vllm_drives_episodes():
-    swe = {"model": "tiny-random", "domain": {"name": "swe", "n_train": 2, "n_heldout": 2, "n_test": 1}}
-    assert resolve_engine(parse_config({**swe, "engine": "auto"}))[0] == "transformers"
-    with pytest.raises(ValueError, match="engine: vllm cannot drive the swe domain"):
-        resolve_engine(parse_config({**swe, "engine": "vllm"}))
-
-
 def test_tiny_model_gets_vllm_sized_heads_only_under_vllm():
     assert tiny_overrides(cfg("vllm"), "vllm") == TINY_VLLM_OVERRIDES
     assert tiny_overrides(cfg("vllm"), "transformers") == {}

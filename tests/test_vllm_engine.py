@@ -165,6 +165,38 @@ def test_verify_many_puts_every_version_in_one_call_per_seed(setup, monkeypatch)
             assert (torch.tensor(r.logprobs) - own).abs().max().item() < LOGPROB_ATOL
 
 
+def test_swe_episodes_run_on_vllm_with_the_trainers_logprobs_on_assistant_tokens(setup):
+    """Multi-turn episodes on the vLLM engine (generate_ids continues each trajectory's exact tokens):
+    every turn is the branch's own sampling, a tool result and the template's separators sit between
+    turns unmasked, and each sampled token's logprob is the trainer's for that token in context."""
+    from evotrainer.domains.code.executor import ExecLimits
+    from evotrainer.domains.swe.domain import SWEDomain
+    from evotrainer.domains.swe.environment import EnvLimits
+    from evotrainer.policy.collect import collect_groups
+
+    policy, engine = setup
+    limits = EnvLimits(max_turns=3, max_turn_tokens=12, max_context_tokens=1000)
+    domain = SWEDomain(n_train=1, n_heldout=1, n_test=1, difficulty=1, seed=0, workers=1,
+                       limits=ExecLimits(timeout_s=2.0), episode_limits=limits)
+    try:
+        rollouts = collect_groups(engine, domain, domain.tasks("train"), 2,
+                                  SamplingParams(temperature=1.0, max_new_tokens=12, seed=3), "va")
+    finally:
+        domain.close()
+    assert len(rollouts) == 2
+    for r in rollouts:
+        assert r.turns == len(r.turn_log) == limits.max_turns   # random text never submits
+        mask = r.sampled_mask()
+        assert sum(mask) == len(r.logprobs) == sum(t["tokens"] for t in r.turn_log) > 0
+        assert 0 in mask[r.turn_log[0]["span"][1]:]               # tool results between turns: no loss
+        assert all(t["tokens"] <= limits.max_turn_tokens and t["result"].startswith("error: ") for t in r.turn_log)
+        ids = torch.tensor([r.prompt_ids + r.completion_ids])
+        with policy.adapter("va") as m, torch.no_grad():
+            forced = per_token_logps(m, ids, torch.ones_like(ids), len(r.completion_ids), temperature=1.0, top_p=1.0)[0]
+        sampled = forced[torch.tensor(mask, dtype=torch.bool)]
+        assert (torch.tensor(r.logprobs) - sampled).abs().max().item() < LOGPROB_ATOL
+
+
 def test_loop_runs_with_engine_vllm(tmp_path, capsys):
     from evotrainer.cli.app import main
     from evotrainer.records.run_state import load_state

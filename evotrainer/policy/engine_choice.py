@@ -21,19 +21,13 @@ def resolve_engine(cfg: Config) -> tuple[str, str]:
     version = vllm_version()
     if cfg.engine == "transformers":
         return "transformers", "engine: transformers in the config"
-    episodes = cfg.domain.name == "swe"   # multi-turn episodes continue token ids: transformers only, for now
     if cfg.engine == "vllm":
-        if episodes:
-            raise ValueError("engine: vllm cannot drive the swe domain's multi-turn episodes yet (the vLLM engine "
-                             "has no generate_ids); set engine: transformers (or auto) for domain.name: swe")
         if version is None:
             raise VllmNotInstalledError(f"engine: vllm, but vllm is not installed; {INSTALL_HINT} "
                                         "(or set engine: transformers)")
         return "vllm", f"engine: vllm in the config ({version})"
     if version is None:
         return "transformers", "engine: auto and vllm is not installed"
-    if episodes:
-        return "transformers", "engine: auto, and the vLLM engine does not drive multi-turn (swe) episodes yet"
     return "vllm", f"engine: auto and {version} is importable"
 
 

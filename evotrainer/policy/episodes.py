@@ -89,8 +89,10 @@ def run_episodes(engine: TokenEngine, episodes: Sequence[Episode], params: Sampl
                  adapter: str | None) -> list[Trajectory]:
     """Drives ``episodes`` to their end, one engine batch per turn. A turn gets at most
     ``params.max_new_tokens`` and its episode's ``max_turn_tokens``; an episode whose next turn
-    would pass ``max_context_tokens`` (counted exactly, in tokens) stops with ``context``."""
+    would pass ``max_context_tokens`` (counted exactly, in tokens), or the engine's own context
+    (``max_model_len`` of a vLLM engine), stops with ``context``."""
     tok = engine.tokenizer
+    engine_context = getattr(engine, "max_model_len", None) or float("inf")
     trajs = [Trajectory(ep, engine.encode([ep.messages])[0]) for ep in episodes]
     turn = 0
     while True:
@@ -101,7 +103,7 @@ def run_episodes(engine: TokenEngine, episodes: Sequence[Episode], params: Sampl
             sep = turn_separator(tok, t.episode.turns[-1]["result"], t.last_eos) if t.episode.turns else []
             limits = t.episode.limits
             budget = min(params.max_new_tokens, limits.max_turn_tokens)
-            if len(t.prompt_ids) + len(t.ids) + len(sep) + budget > limits.max_context_tokens:
+            if len(t.prompt_ids) + len(t.ids) + len(sep) + budget > min(limits.max_context_tokens, engine_context):
                 t.episode.end("context")
                 continue
             t.extend(sep, sampled=False)
@@ -139,7 +141,7 @@ def episode_rollouts(engine: TokenEngine, domain: Any, tasks: Sequence[Task], gr
     if not hasattr(engine, "generate_ids"):
         raise TypeError(f"{type(engine).__name__} cannot continue token sequences (no generate_ids); "
                         f"the {getattr(domain, 'name', 'episodic')} domain's multi-turn episodes need an engine "
-                        "that can, such as TransformersEngine")
+                        "that can (TransformersEngine, VllmEngine)")
     tok = engine.tokenizer
     count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])   # noqa: E731
     expanded = [t for t in tasks for _ in range(group_size)]

@@ -1,9 +1,10 @@
 """Rollouts on vLLM: one engine for the base model, each branch version served as its own LoRA adapter.
 
 ``VllmEngine`` has the ``generate`` of :class:`~evotrainer.policy.rollout_engine.RolloutEngine`, so
-callers do not change, and ``generate_many`` for the prompts of several branches in one call (the
-population shares batches). Training stays on the transformers ``Policy``; before a branch's prompts
-are sampled, its current weights are written as an adapter folder (``adapter_registry.py``: a fresh
+callers do not change, ``generate_many`` for the prompts of several branches in one call (the
+population shares batches), and ``generate_ids`` to continue token sequences (multi-turn
+episodes). Training stays on the transformers ``Policy``; before a branch's prompts are sampled,
+its current weights are written as an adapter folder (``adapter_registry.py``: a fresh
 name and id whenever they change, so vLLM's caches never serve stale weights).
 
 What must match the transformers engine for the trainer's importance ratio to be right:
@@ -110,6 +111,7 @@ class VllmEngine:
         config = policy.base_model.config
         if max_model_len is None:   # the KV cache is sized from it: no more than rollouts need
             max_model_len = min(int(getattr(config, "max_position_embeddings", 2048)), 2048)
+        self.max_model_len = max_model_len   # episodes end with "context" before they pass it
         kv = {}
         if not torch.cuda.is_available():
             # On CPU, gpu_memory_utilization is a share of the machine's RAM (7 GiB at 0.3 here, per
@@ -148,12 +150,25 @@ class VllmEngine:
     def generate_many(self, jobs: Sequence[tuple[Sequence[Messages], SamplingParams, str | None]]
                       ) -> list[list[Completion]]:
         """Several (prompts, params, adapter) jobs, e.g. one per live branch, in one vLLM call."""
+        return self._generate([(self.encode(prompts), params, adapter) for prompts, params, adapter in jobs])
+
+    def generate_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams, adapter: str | None = None
+                     ) -> list[Completion]:
+        """Continues token sequences (a whole trajectory so far): what multi-turn episodes need, so
+        every turn conditions on exactly the tokens sampled before it."""
+        return self._generate([([list(p) for p in prompt_ids], params, adapter)])[0]
+
+    def _generate(self, jobs: Sequence[tuple[list[list[int]], SamplingParams, str | None]]) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
 
         loras = [self.lora_request(adapter) for _, _, adapter in jobs]   # refused here, before sampling
         ids, sps, reqs, spans = [], [], [], []
-        for (prompts, params, _), lora in zip(jobs, loras):
-            encoded = self.encode(prompts)
+        for (encoded, params, _), lora in zip(jobs, loras):
+            for p in encoded:
+                if len(p) + params.max_new_tokens > self.max_model_len:
+                    raise ValueError(f"a prompt of {len(p)} tokens plus max_new_tokens={params.max_new_tokens} passes the "
+                                     f"vLLM engine's max_model_len={self.max_model_len}; shorten it or give the engine "
+                                     "a longer max_model_len")
             spans.append((len(ids), len(ids) + len(encoded), params))
             ids += encoded
             sps += [self._sampling(params, i) for i in range(len(encoded))]
