@@ -224,3 +224,22 @@ def test_loop_runs_with_engine_vllm(tmp_path, capsys):
     assert train, {v.path.name: (v.meta().status, v.meta().decision) for v in trained}
     assert all(len(r.logprobs) == len(r.completion_ids) for r in train)
     assert all(r.logprobs and max(r.logprobs) <= 0.0 for r in train if r.completion_ids)
+
+    # Equal results to the transformers engine where sampling does not enter: every version's greedy
+    # held-out verification (what gates and selection read), re-asked of its saved adapter under
+    # transformers, gives the same tokens. (Training rollouts are sampled by each engine's own RNG,
+    # so two runs' later versions differ; that is the documented difference.)
+    model, tok = load_base_model("tiny-random", seed=0, **TINY_VLLM_OVERRIDES)
+    again = Policy(model, tok)
+    engine = TransformersEngine(again)
+    checked = 0
+    for v in trained:
+        rollouts = v.rollouts("heldout") + v.rollouts("selection")
+        if not rollouts or not (v.adapter_dir / "adapter_config.json").is_file():
+            continue
+        again.load(v.path.name, v.adapter_dir)
+        redo = engine.generate([r.messages for r in rollouts], SamplingParams(temperature=0.0, max_new_tokens=6),
+                               adapter=v.path.name)
+        assert [c.completion_ids for c in redo] == [r.completion_ids for r in rollouts], v.path.name
+        checked += 1
+    assert checked >= 3
