@@ -106,6 +106,12 @@ def lineage(exp: Experiment, vid: str) -> list[str]:
     return chain[::-1]
 
 
+def lineage_steps(exp: Experiment, vid: str) -> int:
+    """Training steps behind ``vid``: its own and its first parents' back to the seed. At an equal
+    total budget a population spreads its steps over siblings, so this is how deep the pick trained."""
+    return sum(len(exp.vdir(v).steps()) for v in lineage(exp, vid))
+
+
 def label(child: dict) -> str:
     what = child["entry"] or child["factor"] or "?"
     if child["knob"]:
@@ -181,7 +187,7 @@ def main() -> None:
             scores = by_seed(task_scores(exp.vdir(best.id).rollouts("heldout")))
             selection = best.metrics.get("selection_accuracy", best.metrics["heldout_accuracy"])
             row = {"seed": seed, "best": best.id, "heldout": selection, "gate_heldout": best.metrics["heldout_accuracy"],
-                   "scores": scores,
+                   "scores": scores, "lineage_steps": lineage_steps(exp, best.id),
                    "versions": len(exp.versions()), **timing(exp)}
             if mode != "reference":
                 row["children"] = children(exp)
@@ -194,6 +200,7 @@ def main() -> None:
                 done.write_text(json.dumps({"args": vars(args), "base_test": None, "results": results}, indent=2))
             test = f" test {row['test']:.3f}," if "test" in row else ""
             print(f"{mode:>13} seed {seed}: best {best.id} held-out {row['heldout']:.3f},{test} {row['versions']} versions, "
+                  f"{row['lineage_steps']} steps on its lineage, "
                   f"wall {row['wall_s']:.0f} s, overhead {row['overhead_share']:.1%} ("
                   + ", ".join(f"{k} {v:.1f}" for k, v in row["overhead_parts_s"].items()) + " s)", flush=True)
 
@@ -219,7 +226,7 @@ def main() -> None:
     split = "held-out" if args.no_test else "test"
     key = "scores" if args.no_test else "test_scores"
     print(f"{'mode':>13}  held-out (selection)  {split} mean ± sd   {split} vs reference: mean Δ [90% CI]   "
-          "overhead (excl. / incl. proposals)")
+          "overhead (excl. / incl. proposals)  steps on the pick's lineage")
     ref = results.get("reference")
     if base is not None:
         print(f"{'base model':>13}  -                     {base:.3f}              (no training)")
@@ -236,8 +243,9 @@ def main() -> None:
             ci = f"{d.mean_delta:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}]"
         ov = statistics.fmean(r["overhead_share"] for r in rows)
         ov2 = statistics.fmean(r["overhead_share_incl_propose"] for r in rows)
+        depth = ", ".join(str(r.get("lineage_steps", "?")) for r in rows)
         print(f"{mode:>13}  {sel:.3f}                 {statistics.fmean(accs):.3f} ± {sd:.3f}        {ci:<34} "
-              f"{ov:.1%} / {ov2:.1%}")
+              f"{ov:.1%} / {ov2:.1%}                {depth}")
     parts: dict[str, float] = {}
     for rows in results.values():
         for r in rows:
@@ -265,6 +273,10 @@ def report_children(results: dict[str, list[dict]]) -> None:
         by: dict[str, list[dict]] = {}
         for c in kids:
             by.setdefault(label(c), []).append(c)
+        untrained = [c for c in kids if c["status"] == "pruned" and c["paired_delta"] is None and c["verdict"] is None]
+        if untrained:
+            print(f"  {len(untrained)} of them never trained (proposed when the step budget was spent, or pruned "
+                  "before their gate); they count in `tried` and `pruned` below")
         print(f"  {'intervention':<40} tried  promoted  kept(tie)  rejected  pruned  invalid  confirmed/judged  mean paired Δ")
         for name, cs in sorted(by.items(), key=lambda kv: -len(kv[1])):
             deltas = [c["paired_delta"] for c in cs if isinstance(c["paired_delta"], (int, float))]
