@@ -19,7 +19,7 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
-from evotrainer.policy.collect import default_prompt, prompt_fn, verify_many
+from evotrainer.policy.collect import default_prompt, prompt_fn, shares_batches, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.episodes import sampled_token_budget
 from evotrainer.policy.grpo import GRPOTrainer
@@ -134,7 +134,7 @@ def verify_versions(exp: Experiment, vids: list[str], on_done=None) -> None:
         jobs.append((rt.heldout_tasks, vid, default_prompt if asked is None else (lambda t, a=asked: a[t.id])))
     if not ready:
         return
-    if len(ready) > 1 and hasattr(rt.engine, "generate_many"):
+    if shares_batches(rt.engine, rt.domain, len(ready)):
         exp.say(f"verifying {', '.join(ready)} in one batch ({len(ready) * len(rt.heldout_tasks)} prompts per seed)")
     t0 = time.perf_counter()
     results = verify_many(rt.engine, rt.domain, jobs, max_new_tokens=tc.eval_max_new_tokens,

@@ -97,12 +97,17 @@ def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter
 VerifyJob = tuple[Sequence[Task], "str | None", PromptFn]   # (tasks, adapter, how they are asked)
 
 
+def shares_batches(engine: RolloutEngine, domain: Domain, versions: int) -> bool:
+    """Whether :func:`verify_many` puts ``versions`` versions' prompts in one engine call."""
+    return versions > 1 and hasattr(engine, "generate_many") and not is_episodic(domain)
+
+
 def verify_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[VerifyJob], max_new_tokens: int,
                 temperature: float = 0.0, seeds: Sequence[int] = (0,)) -> list[list[Rollout]]:
     """:func:`verify` for several versions, one job each. An engine that serves several adapters in
     one call (``generate_many``: vLLM) gets every version's prompts in one call per seed, so the
     population shares batches; otherwise (and for episodic domains) one version after another."""
-    if is_episodic(domain) or not hasattr(engine, "generate_many") or len(jobs) < 2:
+    if not shares_batches(engine, domain, len(jobs)):
         return [verify(engine, domain, tasks, adapter, max_new_tokens, temperature, seeds, prompt)
                 for tasks, adapter, prompt in jobs]
     asked = [[prompt(t) for t in tasks] for tasks, _, prompt in jobs]   # once per task, not per seed
