@@ -6,7 +6,7 @@ held-out tasks greedily on their hidden tests before and after. Prints a per-see
 and spread of the change, and a paired bootstrap CI over tasks (seeds pooled per task).
 
     python benchmarks/reference_code.py [--config examples/train_code.yaml] [--seeds 0,1,2] [--steps 8]
-        [--difficulty 2] [--prompts 4] [--generations 4] [--heldout 32] [--max-new-tokens 128]
+        [--difficulty 2] [--lr 1e-4] [--prompts 4] [--generations 4] [--heldout 32] [--max-new-tokens 128]
         [--json benchmarks/results/reference_code_cpu.json]
 
 Measured on 2 shared CPU cores with OMP_NUM_THREADS=1 (with 2 torch threads under that load the first
@@ -45,6 +45,8 @@ def _config(args, seed: int):
     for (part, key), value in overrides.items():
         if value is not None:
             setattr(getattr(cfg, part), key, value)
+    if args.lr is not None:
+        cfg.grpo.learning_rate = args.lr
     if args.max_new_tokens is not None:
         cfg.grpo.max_completion_length = cfg.train.eval_max_new_tokens = args.max_new_tokens
     if args.model:
@@ -81,7 +83,8 @@ def _save(args, cfg, rows: list[dict], dec=None) -> None:
         return
     out = {"model": cfg.model, "difficulty": cfg.domain.difficulty, "steps": cfg.train.steps,
            "prompts_per_step": cfg.train.prompts_per_step, "num_generations": cfg.grpo.num_generations,
-           "max_new_tokens": cfg.grpo.max_completion_length, "torch_threads": torch.get_num_threads(),
+           "max_new_tokens": cfg.grpo.max_completion_length, "learning_rate": cfg.grpo.learning_rate,
+           "n_heldout": cfg.domain.n_heldout, "torch_threads": torch.get_num_threads(),
            "paired_bootstrap": None if dec is None else {"mean_delta": dec.mean_delta, "ci_low": dec.ci_low,
                                                           "ci_high": dec.ci_high, "level": dec.level},
            "seeds": rows}
@@ -98,6 +101,7 @@ def main() -> None:
     ap.add_argument("--generations", type=int, default=None, help="override grpo.num_generations")
     ap.add_argument("--heldout", type=int, default=None, help="override domain.n_heldout")
     ap.add_argument("--difficulty", type=int, default=None, help="override domain.difficulty (1-4)")
+    ap.add_argument("--lr", type=float, default=None, help="override grpo.learning_rate")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="training and held-out generation length")
     ap.add_argument("--model", default=None, help="override model (e.g. tiny-random for a smoke run)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
@@ -116,7 +120,7 @@ def main() -> None:
     d = cfg.domain
     print(f"\nmodel {cfg.model}, code level {d.difficulty}, {cfg.train.steps} steps × {cfg.train.prompts_per_step} "
           f"prompts × {cfg.grpo.num_generations} generations, {rows[0]['heldout_tasks']} held-out tasks, "
-          f"max {cfg.grpo.max_completion_length} new tokens")
+          f"max {cfg.grpo.max_completion_length} new tokens, learning rate {cfg.grpo.learning_rate:g}")
     print("seed  before  after   delta  fenced(before->after)  train-reward(mean)  dead-groups  seconds")
     for r in rows:
         print(f"{r['seed']:>4}  {r['before']:.3f}   {r['after']:.3f}  {r['delta']:+.3f}  "
