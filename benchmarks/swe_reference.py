@@ -64,7 +64,8 @@ def cost(rollouts) -> dict:
             "tool_calls": calls / len(rollouts),
             "tool_failure_rate": failed / calls if calls else 0.0,
             "tokens": statistics.fmean(r.num_tokens for r in rollouts),
-            "seconds": statistics.fmean(r.gen_seconds for r in rollouts),
+            "seconds": statistics.fmean(r.gen_seconds for r in rollouts),   # generation
+            "wall_seconds": statistics.fmean(float(r.episode.get("seconds") or 0.0) for r in rollouts),
             "stop_reasons": {s: sum(r.stop_reason == s for r in rollouts) for s in sorted({r.stop_reason for r in rollouts})}}
 
 
@@ -102,12 +103,14 @@ def main() -> None:
         rows.append(_row(seed, res, time.perf_counter() - t0))
         print(f"seed {seed}: held-out resolution {res.heldout_before:.3f} -> {res.heldout_after:.3f} "
               f"({rows[-1]['seconds']:.0f} s)", flush=True)
+        _save(args, cfg, rows)   # after every seed, so a run cut short keeps what it measured
 
     d = cfg.domain
     print(f"\nmodel {cfg.model}, swe level {d.difficulty}, {args.steps} reference steps × {args.prompts} issues × "
           f"{args.generations} episodes, {args.heldout} held-out issues, ≤ {args.max_turns} turns × "
           f"{args.turn_tokens} tokens, torch threads {torch.get_num_threads()}")
-    keys = ("resolved", "submitted", "edited", "turns", "tool_calls", "tool_failure_rate", "tokens", "seconds")
+    keys = ("resolved", "submitted", "edited", "turns", "tool_calls", "tool_failure_rate", "tokens", "seconds",
+            "wall_seconds")
     for r in rows:
         print(f"seed {r['seed']} (per held-out episode)   before    after   | train episodes")
         for k in keys:
@@ -116,6 +119,9 @@ def main() -> None:
         print(f"  train reward mean {r['train_reward_mean']:.3f}, dead groups {r['dead_group_ratio_mean']:.2f}, "
               f"{r['seconds']:.0f} s in all")
     print(f"total {time.perf_counter() - t_all:.0f} s")
+
+
+def _save(args, cfg, rows: list[dict]) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": cfg.model, "args": vars(args), "torch_threads": torch.get_num_threads(),
