@@ -165,6 +165,35 @@ def test_verify_many_puts_every_version_in_one_call_per_seed(setup, monkeypatch)
             assert (torch.tensor(r.logprobs) - own).abs().max().item() < LOGPROB_ATOL
 
 
+def test_collect_many_samples_every_branchs_training_groups_in_one_call(setup, monkeypatch):
+    """Training rollouts of several branches (collect.collect_many, what the lock-step train stage
+    uses): one generate_many call, each branch's groups in its tasks' order with its own sampling
+    settings, verified as visible outcomes, and sampled from its own adapter."""
+    from evotrainer.domains import get_domain
+    from evotrainer.policy.collect import collect_many, default_prompt
+
+    policy, engine = setup
+    domain = get_domain("math", n_train=4, n_heldout=2, n_test=2, difficulty=2, seed=0)
+    tasks = domain.tasks("train")[:2]
+    calls = []
+    real = engine.generate_many
+    monkeypatch.setattr(engine, "generate_many", lambda jobs: calls.append(len(jobs)) or real(jobs))
+    hot = SamplingParams(temperature=1.0, max_new_tokens=6, seed=5)
+    cool = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=4, seed=5)
+    out = collect_many(engine, domain, [(tasks, 2, hot, "va", default_prompt, 3),
+                                        (tasks, 3, cool, "vb", default_prompt, 3)])
+    assert calls == [2]
+    for (adapter, params, g), rollouts in zip((("va", hot, 2), ("vb", cool, 3)), out):
+        assert [r.task_id for r in rollouts] == [t.id for t in tasks for _ in range(g)]
+        assert [r.group for r in rollouts] == [i // g for i in range(len(rollouts))]
+        assert all(r.step == 3 and r.split == "train" and "correct" in r.visible and not r.hidden for r in rollouts)
+        assert all(len(r.completion_ids) <= params.max_new_tokens for r in rollouts)
+        for r in rollouts[:2]:
+            c = Completion(r.prompt_ids, r.completion_ids, r.logprobs, r.completion, r.truncated, r.stop_reason)
+            own = teacher_forced(policy, adapter, c, params.temperature, params.top_p)
+            assert (torch.tensor(r.logprobs) - own).abs().max().item() < LOGPROB_ATOL
+
+
 def test_swe_episodes_run_on_vllm_with_the_trainers_logprobs_on_assistant_tokens(setup):
     """Multi-turn episodes on the vLLM engine (generate_ids continues each trajectory's exact tokens):
     every turn is the branch's own sampling, a tool result and the template's separators sit between
@@ -197,7 +226,7 @@ def test_swe_episodes_run_on_vllm_with_the_trainers_logprobs_on_assistant_tokens
         assert (torch.tensor(r.logprobs) - sampled).abs().max().item() < LOGPROB_ATOL
 
 
-def test_loop_runs_with_engine_vllm(tmp_path, capsys):
+def test_loop_runs_with_engine_vllm(tmp_path, capsys, monkeypatch):
     from evotrainer.cli.app import main
     from evotrainer.records.run_state import load_state
     from evotrainer.records.version import VersionDir
@@ -213,10 +242,18 @@ def test_loop_runs_with_engine_vllm(tmp_path, capsys):
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    calls = []   # (branches, tokens) of each generate_many call: training asks 32 tokens, verification 6
+    real = VllmEngine.generate_many
+    monkeypatch.setattr(VllmEngine, "generate_many", lambda self, jobs: calls.append(
+        (len(jobs), jobs[0][1].max_new_tokens)) or real(self, jobs))
     assert main(["run", str(path)]) == 0
     out = capsys.readouterr().out
     assert "rollout engine: vllm (engine: vllm in the config" in out
     assert "in one batch" in out   # a generation's children (and their control) verified together
+    # Lock-step training: generation 1 trains the survivor's continuation and its two children
+    # together, each of their 2 steps one call for all three (the seed trained alone in gen 0).
+    assert "training v0001, v0002, v0003 together (their rollouts sampled in one batch per step)" in " ".join(out.split())
+    assert [n for n, tokens in calls if tokens == 32] == [1, 1, 3, 3], calls
     state = load_state(run_dir)
     assert state.status == "finished"
     trained = [VersionDir(p) for p in sorted((run_dir / "versions").iterdir())]
@@ -243,3 +280,38 @@ def test_loop_runs_with_engine_vllm(tmp_path, capsys):
         assert [c.completion_ids for c in redo] == [r.completion_ids for r in rollouts], v.path.name
         checked += 1
     assert checked >= 3
+
+
+def test_lock_step_training_prunes_the_versions_one_by_one_would(tmp_path, capsys):
+    """A train_steps budget that runs out inside a generation: lock-step training under vLLM starts
+    the versions the budget allows when they are started one by one (the transformers engine's
+    path), trains those together and prunes the same ones, with the same steps spent."""
+    from evotrainer.cli.app import main
+    from evotrainer.records.run_state import load_state
+    from evotrainer.records.version import VersionDir
+
+    def run(engine):
+        run_dir = tmp_path / engine
+        cfg = {
+            "model": "tiny-random", "engine": engine, "run_dir": str(run_dir),
+            "domain": {"difficulty": 2, "n_train": 8, "n_heldout": 4, "n_test": 4},
+            "grpo": {"max_completion_length": 32, "num_generations": 2},
+            "train": {"prompts_per_step": 2, "eval_max_new_tokens": 4},
+            "evolution": {"population_size": 2, "children_per_generation": 2, "generations": 2,
+                          "steps_per_generation": 2, "operators": {"knobs": 1.0}, "user_skills": False,
+                          "budget": {"train_steps": 6}},
+        }
+        path = tmp_path / f"{engine}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        assert main(["run", str(path)]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        pruned = {p.name for p in (run_dir / "versions").iterdir() if VersionDir(p).meta().status == "pruned"
+                  and "not trained" in " ".join(VersionDir(p).meta().decision.get("reasons", []))}
+        return out, pruned, load_state(run_dir)
+
+    out_v, pruned_v, state_v = run("vllm")
+    out_t, pruned_t, state_t = run("transformers")
+    # gen 0: the seed, 2 steps; gen 1: 4 steps left for 3 versions of 2 steps: two start, one is pruned
+    assert "training v0001, v0002 together" in out_v and "together" not in out_t
+    assert pruned_v == pruned_t == {"v0003"}
+    assert state_v.budget_used["train_steps"] == state_t.budget_used["train_steps"] == 6

@@ -77,6 +77,12 @@ class Budgets:
         for k, v in amounts.items():
             self.state.budget_used[k] = self.state.budget_used.get(k, 0) + v
 
+    def steps_reached_with(self, planned: int) -> bool:
+        """Whether the train_steps budget is spent once ``planned`` more steps are: how an executor that
+        starts several versions at once decides each one as starting them one after another would."""
+        limit = self.cfg.evolution.budget.train_steps
+        return limit is not None and self.state.budget_used.get("train_steps", 0) + planned >= limit
+
     def guard(self) -> None:
         """Raises BudgetReached when any configured budget is spent."""
         b, used = self.cfg.evolution.budget, self.state.budget_used

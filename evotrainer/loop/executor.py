@@ -5,7 +5,8 @@ run state saved after every version. An executor only decides where ``train_vers
 ``verify_version`` run:
 
 - ``local``: in this process, on the experiment's own ``Runtime``: the train stage trains the live
-  versions one after another, then the verify stage verifies them (on vLLM, all in one batch);
+  versions one after another (on vLLM, in lock step, their rollouts in one batch per step), then the
+  verify stage verifies them (on vLLM, all in one batch);
 - ``ray`` (``loop/ray_executor.py``): each live version's train and verify as one Ray actor call on
   a worker that holds its own ``Runtime`` (base model loaded once per actor), writing into the same
   run directory; the driver merges each worker's spend and messages into the run state.
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from evotrainer.loop.training import train_version, verify_versions
+from evotrainer.loop.training import train_version, train_versions, verify_versions
+from evotrainer.policy.collect import shares_batches
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -31,17 +33,39 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """Train and verify in the driver's process, one version at a time."""
+    """Train and verify in the driver's process: one version after another, or, on an engine that
+    serves several adapters in one call (vLLM), the pending versions together in lock step."""
 
     def train(self, exp: Experiment, vids: list[str]) -> None:
         g = exp.state.generation
-        for vid in vids:
-            if exp.vdir(vid).meta().status == "pending" and not exp.budget_left(vid):
-                continue
-            exp.say(f"gen {g}: training {vid}")
-            train_version(exp, vid)
-            exp.save()
+        pending = [v for v in vids if exp.vdir(v).meta().status == "pending"]
+        if len(pending) > 1 and shares_batches(exp.runtime.engine, exp.runtime.domain, len(pending)):
+            self._train_together(exp, pending)
+        for vid in vids:   # the rest one at a time: already done, or left when the batch started
+            if exp.vdir(vid).meta().status == "pending":
+                if not exp.budget_left(vid):
+                    continue
+                exp.say(f"gen {g}: training {vid}")
+                train_version(exp, vid)
+                exp.save()
             exp.progress.advance()
+
+    def _train_together(self, exp: Experiment, pending: list[str]) -> None:
+        """The versions that the budget lets start, as starting them one by one would decide (the
+        others are left to the one-at-a-time path, which prunes them with the reason)."""
+        k, together = exp.cfg.evolution.steps_per_generation, []
+        for vid in pending:
+            if together and exp.budgets.steps_reached_with(len(together) * k):
+                break
+            if not exp.budget_left(vid):
+                return
+            together.append(vid)
+        if len(together) < 2:
+            return
+        exp.say(f"gen {exp.state.generation}: training {', '.join(together)} together "
+                f"(their rollouts sampled in one batch per step)")
+        train_versions(exp, together)
+        exp.save()
 
     def verify(self, exp: Experiment, vids: list[str]) -> None:
         g = exp.state.generation

@@ -113,7 +113,7 @@ class RayExecutor:
             while queue and len(in_flight) < self.capacity:
                 vid = queue[0]
                 pending = exp.vdir(vid).meta().status == "pending"
-                if pending and in_flight and self._would_spend_steps(exp, len(in_flight) * k):
+                if pending and in_flight and exp.budgets.steps_reached_with(len(in_flight) * k):
                     break   # decide this one on what the versions in flight spend, as the local executor would
                 queue.pop(0)
                 if pending and not exp.budget_left(vid):
@@ -144,10 +144,6 @@ class RayExecutor:
             exp.say(f"gen {g}: {vid} {result['status']} on Ray worker pid {result['pid']}")
             exp.save()
             exp.progress.advance()
-
-    def _would_spend_steps(self, exp: Experiment, steps_in_flight: int) -> bool:
-        limit = exp.cfg.evolution.budget.train_steps
-        return limit is not None and exp.state.budget_used.get("train_steps", 0) + steps_in_flight >= limit
 
     def _failed(self, exp: Experiment, vid: str, reason: str, attempts: dict[str, int], queue: list[str]) -> None:
         """Runs the version again while retries are left, else records it rejected with the reason."""

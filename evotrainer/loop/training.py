@@ -8,6 +8,7 @@ drops a version.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from typing import TYPE_CHECKING
@@ -19,11 +20,11 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
-from evotrainer.policy.collect import default_prompt, prompt_fn, shares_batches, verify_many
+from evotrainer.policy.collect import CollectJob, collect_many, default_prompt, prompt_fn, shares_batches, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.episodes import sampled_token_budget
 from evotrainer.policy.grpo import GRPOTrainer
-from evotrainer.policy.train_step import grpo_config, train_step
+from evotrainer.policy.train_step import grpo_config, step_params, train_step
 from evotrainer.records.scores import heldout_accuracy
 from evotrainer.records.version import write_atomic
 
@@ -33,66 +34,163 @@ if TYPE_CHECKING:
 OPTIMIZER_FILE = "optimizer.pt"        # AdamW state saved beside the adapter (train.carry_optimizer)
 
 
-def train_version(exp: Experiment, vid: str) -> None:
-    """Trains a pending version k steps from its (copied) parent adapter under its own harness."""
-    vd = exp.vdir(vid)
-    meta = vd.meta()
-    if meta.status != "pending":
-        return
-    cfg, k = exp.cfg, exp.cfg.evolution.steps_per_generation
-    program = HarnessProgram(vd.genome_source(), name=f"{vid}/genome.py")
-    (vd.path / "steps.jsonl").unlink(missing_ok=True)  # a crash mid-training restarts it from the copy
-    exp.runtime.load_adapter(vid, vd.adapter_dir)
-    rollouts, t0, violations = [], time.perf_counter(), []
-    # The curriculum's counts start from what the lineage last trained on (the parent's cache).
-    history = exp.vdir(meta.parents[0]).rollouts("train") if meta.parents else []
-    try:
-        with Harness(program, sandbox=cfg.sandbox) as harness:
-            grpo = grpo_config(harness, cfg.grpo.model_dump())
-            trainer = GRPOTrainer(exp.runtime.policy, vid, grpo,
-                                  max_tokens=sampled_token_budget(exp.runtime.domain, grpo.max_completion_length))
+class BranchTraining:
+    """One pending version's k training steps under its own harness, a step at a time, so that
+    several versions can step together and share the engine's batches (:func:`train_versions`).
+
+    ``with BranchTraining(exp, vid) as bt:`` opens the harness and the trainer; ``bt.tasks(i)`` picks
+    step i's tasks, ``bt.job(i, tasks)`` is what to sample for them, ``bt.learn(i, tasks, sampled)``
+    runs the step (sampling itself when ``sampled`` is None) and ``bt.finish()`` saves the adapter.
+    A harness that fails at run time raises :data:`HARNESS_FAILURES`; ``bt.reject(e)`` records it.
+    """
+
+    def __init__(self, exp: Experiment, vid: str) -> None:
+        self.exp, self.vid, self.vd = exp, vid, exp.vdir(vid)
+        self.meta = self.vd.meta()
+        self.k = exp.cfg.evolution.steps_per_generation
+        self.rollouts, self.violations = [], []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> BranchTraining:
+        exp, cfg, vd, meta = self.exp, self.exp.cfg, self.vd, self.meta
+        (vd.path / "steps.jsonl").unlink(missing_ok=True)  # a crash mid-training restarts it from the copy
+        exp.runtime.load_adapter(self.vid, vd.adapter_dir)
+        self.t0 = time.perf_counter()
+        # The curriculum's counts start from what the lineage last trained on (the parent's cache).
+        self.history = exp.vdir(meta.parents[0]).rollouts("train") if meta.parents else []
+        try:
+            program = HarnessProgram(vd.genome_source(), name=f"{self.vid}/genome.py")
+            self.harness = self._stack.enter_context(Harness(program, sandbox=cfg.sandbox))
+            grpo = grpo_config(self.harness, cfg.grpo.model_dump())
+            self.trainer = GRPOTrainer(exp.runtime.policy, self.vid, grpo,
+                                       max_tokens=sampled_token_budget(exp.runtime.domain, grpo.max_completion_length))
             inherited = vd.adapter_dir / OPTIMIZER_FILE   # copied with the parent's adapter
             if cfg.train.carry_optimizer and inherited.is_file():
-                trainer.load_optimizer_state(torch.load(inherited, weights_only=True))
-            exp.progress.steps(f"{vid} GRPO steps", k)
-            for i in range(k):
-                # Common random numbers: siblings of one generation see the same tasks and seeds,
-                # so a child and its control differ only in the harness.
-                step = meta.generation * k + i
-                rt = exp.runtime
-                tasks, bad = choose_tasks(harness, rt.train_tasks, task_stats(history + rollouts), step,
-                                          cfg.train.prompts_per_step, cfg.seed)
-                violations += bad
-                step_rollouts, metrics = train_step(rt.policy, rt.engine, trainer, harness, rt.domain, tasks, vid, step,
-                                                    cfg.seed, prompt=prompt_fn(harness))
-                rollouts += step_rollouts
-                vd.append_step(metrics)
-                exp.progress.step()
-                exp.budgets.spend(train_steps=1, rollout_tokens=sum(r.num_tokens for r in step_rollouts),
-                          gen_seconds=metrics["gen_seconds"], train_seconds=metrics["train_seconds"])
-            meta.knobs = harness.knob_values
-    except (SandboxError, GenomeError, ValueError) as e:
-        # The harness failed at run time: the engine records it and carries on with the others.
-        meta.status, meta.decision = "rejected", {"reasons": [f"harness failed in training: {e}"]}
+                self.trainer.load_optimizer_state(torch.load(inherited, weights_only=True))
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def step_number(self, i: int) -> int:
+        # Common random numbers: siblings of one generation see the same tasks and seeds,
+        # so a child and its control differ only in the harness.
+        return self.meta.generation * self.k + i
+
+    def tasks(self, i: int) -> list:
+        rt, cfg = self.exp.runtime, self.exp.cfg
+        tasks, bad = choose_tasks(self.harness, rt.train_tasks, task_stats(self.history + self.rollouts),
+                                  self.step_number(i), cfg.train.prompts_per_step, cfg.seed)
+        self.violations += bad
+        return tasks
+
+    def job(self, i: int, tasks: list) -> CollectJob:
+        """Step i's sampling request (the adapter checked first, as ``train_step`` does)."""
+        step = self.step_number(i)
+        if step > 0:
+            self.exp.runtime.policy.check_adapter_applied(self.vid)
+        params = step_params(self.trainer.cfg, self.exp.cfg.seed, step)
+        return tasks, self.trainer.cfg.num_generations, params, self.vid, prompt_fn(self.harness), step
+
+    def learn(self, i: int, tasks: list, sampled: tuple[list, float] | None = None) -> None:
+        rt = self.exp.runtime
+        step_rollouts, metrics = train_step(rt.policy, rt.engine, self.trainer, self.harness, rt.domain, tasks,
+                                            self.vid, self.step_number(i), self.exp.cfg.seed,
+                                            prompt=prompt_fn(self.harness), sampled=sampled)
+        self.rollouts += step_rollouts
+        self.vd.append_step(metrics)
+        self.exp.budgets.spend(train_steps=1, rollout_tokens=sum(r.num_tokens for r in step_rollouts),
+                               gen_seconds=metrics["gen_seconds"], train_seconds=metrics["train_seconds"])
+
+    def reject(self, e: Exception) -> None:
+        """The harness failed at run time: the engine records it and carries on with the others."""
+        self.meta.status, self.meta.decision = "rejected", {"reasons": [f"harness failed in training: {e}"]}
+        self.vd.save_meta(self.meta)
+        self.exp.runtime.unload_adapter(self.vid)
+
+    def finish(self) -> None:
+        exp, cfg, vd, meta = self.exp, self.exp.cfg, self.vd, self.meta
+        meta.knobs = self.harness.knob_values
+        with exp.budgets.timed("adapter"):
+            tmp = vd.path / "adapter.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            exp.runtime.policy.save(self.vid, tmp)
+            if cfg.train.carry_optimizer:
+                torch.save(self.trainer.optimizer_state(), tmp / OPTIMIZER_FILE)
+            shutil.rmtree(vd.adapter_dir, ignore_errors=True)
+            tmp.rename(vd.adapter_dir)
+        vd.save_rollouts("train", self.rollouts)
+        vd.save_engine_violations(self.violations)
+        for v in self.violations[:3]:
+            exp.say(f"{self.vid}: engine check: {v}")
+        meta.metrics.update(train_seconds=time.perf_counter() - self.t0)
+        meta.status = "trained"
         vd.save_meta(meta)
-        exp.runtime.unload_adapter(vid)
+        # The adapter stays loaded: verification comes next and would otherwise read it back from disk.
+
+
+HARNESS_FAILURES = (SandboxError, GenomeError, ValueError)
+
+
+def train_version(exp: Experiment, vid: str) -> None:
+    """Trains a pending version k steps from its (copied) parent adapter under its own harness."""
+    if exp.vdir(vid).meta().status != "pending":
         return
-    with exp.budgets.timed("adapter"):
-        tmp = vd.path / "adapter.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        exp.runtime.policy.save(vid, tmp)
-        if cfg.train.carry_optimizer:
-            torch.save(trainer.optimizer_state(), tmp / OPTIMIZER_FILE)
-        shutil.rmtree(vd.adapter_dir, ignore_errors=True)
-        tmp.rename(vd.adapter_dir)
-    vd.save_rollouts("train", rollouts)
-    vd.save_engine_violations(violations)
-    for v in violations[:3]:
-        exp.say(f"{vid}: engine check: {v}")
-    meta.metrics.update(train_seconds=time.perf_counter() - t0)
-    meta.status = "trained"
-    vd.save_meta(meta)
-    # The adapter stays loaded: verification comes next and would otherwise read it back from disk.
+    bt = BranchTraining(exp, vid)
+    try:
+        with bt:
+            exp.progress.steps(f"{vid} GRPO steps", bt.k)
+            for i in range(bt.k):
+                bt.learn(i, bt.tasks(i))
+                exp.progress.step()
+            bt.finish()
+    except HARNESS_FAILURES as e:
+        bt.reject(e)
+
+
+def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
+    """Trains pending versions in lock step: at each step every version picks its tasks, all their
+    rollouts are sampled in one engine call (``collect_many``: vLLM serves every adapter in one
+    batch), then each version takes its own GRPO step. A version whose harness fails is rejected and
+    the others go on. Returns the versions that trained."""
+    sessions, stack = {}, contextlib.ExitStack()
+    with stack:
+        for vid in vids:
+            if exp.vdir(vid).meta().status != "pending":
+                continue
+            bt = BranchTraining(exp, vid)
+            try:
+                sessions[vid] = stack.enter_context(bt)
+            except HARNESS_FAILURES as e:
+                bt.reject(e)
+        k = exp.cfg.evolution.steps_per_generation
+        exp.progress.steps(f"{', '.join(sessions)} GRPO steps", k)
+        for i in range(k):
+            picked = {}
+            for vid, bt in list(sessions.items()):
+                try:
+                    picked[vid] = bt.tasks(i)
+                except HARNESS_FAILURES as e:
+                    bt.reject(e)
+                    sessions.pop(vid)
+            if not picked:
+                break
+            t0 = time.perf_counter()
+            sampled = collect_many(exp.runtime.engine, exp.runtime.domain,
+                                   [sessions[vid].job(i, tasks) for vid, tasks in picked.items()])
+            share = (time.perf_counter() - t0) / len(picked)   # each version's part of the shared call
+            for (vid, tasks), rollouts in zip(picked.items(), sampled):
+                try:
+                    sessions[vid].learn(i, tasks, sampled=(rollouts, share))
+                except HARNESS_FAILURES as e:
+                    sessions.pop(vid).reject(e)
+            exp.progress.step()
+        for bt in sessions.values():
+            bt.finish()
+    return list(sessions)
 
 
 def verify_version(exp: Experiment, vid: str) -> None:

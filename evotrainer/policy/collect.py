@@ -95,11 +95,36 @@ def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter
 
 
 VerifyJob = tuple[Sequence[Task], "str | None", PromptFn]   # (tasks, adapter, how they are asked)
+# (tasks, group size, sampling, adapter, how they are asked, step): one branch's training rollouts
+CollectJob = tuple[Sequence[Task], int, SamplingParams, "str | None", PromptFn, int]
 
 
 def shares_batches(engine: RolloutEngine, domain: Domain, versions: int) -> bool:
-    """Whether :func:`verify_many` puts ``versions`` versions' prompts in one engine call."""
+    """Whether :func:`verify_many` and :func:`collect_many` put ``versions`` versions' prompts in one
+    engine call."""
     return versions > 1 and hasattr(engine, "generate_many") and not is_episodic(domain)
+
+
+def collect_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[CollectJob]) -> list[list[Rollout]]:
+    """:func:`collect_groups` for several branches, one job each, in one ``generate_many`` call when
+    the engine serves several adapters at once (vLLM); otherwise one branch after another. Each job
+    keeps its own sampling settings and seed."""
+    if not shares_batches(engine, domain, len(jobs)):
+        return [collect_groups(engine, domain, tasks, g, params, adapter, step=step, prompt=prompt)
+                for tasks, g, params, adapter, prompt, step in jobs]
+    expanded = [[t for t in tasks for _ in range(g)] for tasks, g, *_ in jobs]
+    asked = []
+    for (tasks, g, _, _, prompt, _), exp in zip(jobs, expanded):
+        once = {id(t): prompt(t) for t in tasks}
+        asked.append([once[id(t)] for t in exp])
+    done = engine.generate_many([(prompts, params, adapter)
+                                 for prompts, (_, _, params, adapter, _, _) in zip(asked, jobs)])
+    out = []
+    for (_, g, params, _, _, step), tasks, prompts, completions in zip(jobs, expanded, asked, done):
+        rollouts = _rollouts(tasks, prompts, completions, g, params, step)
+        _file_verdicts(rollouts, domain.verify_batch(tasks, [c.text for c in completions]))
+        out.append(rollouts)
+    return out
 
 
 def verify_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[VerifyJob], max_new_tokens: int,

@@ -54,18 +54,32 @@ def grpo_config(harness: HarnessHooks, overrides: dict[str, Any]) -> GRPOConfig:
     return GRPOConfig(**values)
 
 
+def step_params(cfg: GRPOConfig, seed: int, step: int) -> SamplingParams:
+    """How a training step samples: the recipe's temperature, nucleus and length, seeded per step."""
+    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_completion_length,
+                          seed=seed * 100_003 + step)
+
+
 def train_step(policy: Policy, engine: RolloutEngine, trainer: GRPOTrainer, harness: HarnessHooks,
                domain: Domain, tasks: Sequence[Task], branch: str, step: int, seed: int,
-               prompt: PromptFn = default_prompt) -> tuple[list[Rollout], dict[str, float]]:
-    """One step: rollouts → harness reward/filter/advantages → GRPO update. Returns (rollouts, metrics)."""
+               prompt: PromptFn = default_prompt,
+               sampled: tuple[list[Rollout], float] | None = None) -> tuple[list[Rollout], dict[str, float]]:
+    """One step: rollouts → harness reward/filter/advantages → GRPO update. Returns (rollouts, metrics).
+
+    ``sampled``: this step's rollouts and their generation seconds, already collected by the caller
+    (several branches' in one engine call, ``collect.collect_many``, asked with :func:`step_params`);
+    the caller has then run the adapter-applied check."""
     cfg = trainer.cfg
     t0 = time.perf_counter()
-    if step > 0:  # rollouts only count if they really came from this branch's adapter
-        policy.check_adapter_applied(branch)
-    params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_completion_length,
-                            seed=seed * 100_003 + step)
-    rollouts = collect_groups(engine, domain, tasks, cfg.num_generations, params, branch, step=step, prompt=prompt)
-    t_gen = time.perf_counter() - t0
+    if sampled is None:
+        if step > 0:  # rollouts only count if they really came from this branch's adapter
+            policy.check_adapter_applied(branch)
+        rollouts = collect_groups(engine, domain, tasks, cfg.num_generations, step_params(cfg, seed, step), branch,
+                                  step=step, prompt=prompt)
+        t_gen = time.perf_counter() - t0
+    else:
+        rollouts, t_gen = sampled
+        t0 -= t_gen   # step_seconds counts this step's share of the shared sampling
     aligned = [t for t in tasks for _ in range(cfg.num_generations)]
     rewards = harness.reward(rollouts, aligned)
     for r, rew in zip(rollouts, rewards):
