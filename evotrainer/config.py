@@ -34,7 +34,7 @@ class EpisodeConfig(_Section):
     max_turn_tokens: int = Field(1024, ge=1, le=MAX_NEW_TOKENS,
                                  description="tokens per turn (also capped by grpo.max_completion_length)")
     max_context_tokens: int = Field(16384, ge=1, le=1_048_576, description="the whole trajectory, in tokens")
-    wall_s: float = Field(300.0, gt=0, le=86_400, description="seconds per episode")
+    wall_s: float = Field(300.0, gt=0, le=86_400, description="seconds per episode: its own generation and tool time")
 
 
 class DomainConfig(_Section):

@@ -12,7 +12,7 @@ import pytest
 from evotrainer.domains.code.executor import ExecLimits
 from evotrainer.domains.swe.domain import SWEDomain
 from evotrainer.domains.swe.environment import EnvLimits
-from evotrainer.domains.swe.episode import run_episode
+from evotrainer.domains.swe.episode import Episode, run_episode
 from evotrainer.domains.swe.scripted import Scripted, honest, reads_history as leaky, tool
 
 
@@ -88,3 +88,18 @@ def test_a_long_turn_is_cut_to_the_turn_limit(domain):
         max_turns=1, max_turn_tokens=50)))
     (turn,) = ep["turns"]
     assert turn["truncated"] and len(turn["text"]) <= 200 and turn["tool_call"]["name"] == "view_diff"
+
+
+def test_the_time_limit_counts_an_episodes_own_time_not_its_batch_neighbours(domain):
+    """A batching driver records each turn's share of the batch's generation: an episode waiting on
+    its neighbours' turns is not timed out by them, and its own seconds still end it."""
+    task = domain.tasks("heldout")[0]
+    waiting = Episode(task, domain.environment(task, EnvLimits(max_turns=3, wall_s=0.2)))
+    while waiting.wants_turn():
+        time.sleep(0.1)                       # the batch's other episodes generating: not this one's time
+        waiting.record(tool("list_files"), generate_s=0.01)
+    assert waiting.result()["stop_reason"] == "max_turns" and len(waiting.turns) == 3
+    slow = Episode(task, domain.environment(task, EnvLimits(max_turns=3, wall_s=0.2)))
+    while slow.wants_turn():
+        slow.record(tool("list_files"), generate_s=0.15)   # its own share of each turn
+    assert slow.result()["stop_reason"] == "wall_time" and len(slow.turns) == 2

@@ -50,7 +50,7 @@ class EnvLimits:
     max_turns: int = 30              # model turns per episode
     max_turn_tokens: int = 1024      # a longer turn is cut to this many tokens
     max_context_tokens: int = 16384  # the conversation may not grow beyond this
-    wall_s: float = 300.0            # the whole episode
+    wall_s: float = 300.0            # the whole episode's own generation and tool time
     max_result_chars: int = 4000     # one tool result, cut beyond this
     max_file_chars: int = 200_000    # an edit may not grow a file beyond this
 

@@ -51,7 +51,7 @@ def run_episode(task: Task, generate: Generate, env: SWEEnvironment, limits: Env
 
 class Episode:
     """One episode as a state machine: ``wants_turn()`` (checks the limits, in the order submit,
-    turns, wall time, context), ``record(text)`` (runs the turn's tool call), ``end(reason)`` (a
+    turns, time (:meth:`own_seconds`), context), ``record(text)`` (runs the turn's tool call), ``end(reason)`` (a
     driver's own limit), ``result()``. ``opening`` replaces the default first messages (the tool
     prompt as system message, the issue as user message)."""
 
@@ -72,12 +72,18 @@ class Episode:
                 self.stop = "submitted"
             elif len(self.turns) >= self.limits.max_turns:
                 self.stop = "max_turns"
-            elif time.monotonic() - self.start > self.limits.wall_s:
+            elif self.own_seconds() > self.limits.wall_s:
                 self.stop = "wall_time"
             elif (sum(self.count_tokens(m["content"]) for m in self.messages) + self.limits.max_turn_tokens
                   > self.limits.max_context_tokens):
                 self.stop = "context"
         return self.stop is None
+
+    def own_seconds(self) -> float:
+        """The episode's own time: its turns' generation and its tool calls. What ``wall_s`` limits: a
+        driver that batches the turns of many episodes records each turn's share of the batch, so an
+        episode's fate does not depend on how many others it was batched with."""
+        return sum(t["generate_s"] + t["tool_s"] for t in self.turns)
 
     def end(self, reason: str) -> None:
         if self.stop is None:
