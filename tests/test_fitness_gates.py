@@ -172,3 +172,13 @@ def test_a_policy_that_echoes_its_prompt_is_not_counted_as_copying_the_note(tmp_
             r.visible["extracted"] = "7"
     child = write_version(tmp_path / "copier", rs, heldout(range(0, N, 4)))
     assert not next(c for c in gate(child, parent).checks if c.name == "leak_used").passed
+
+
+def test_a_version_with_no_control_and_no_base_verification_is_not_paired_and_says_so(tmp_path):
+    """A loop's seed or continuation (gated with no control, no base-model held-out rollouts): its
+    record says there was nothing to pair with, not that a pairing failed; with base rollouts it pairs."""
+    alone = gate(write_version(tmp_path / "seed", train(), heldout(range(4))))
+    assert alone.valid and not alone.promote
+    assert alone.paired["reason"].startswith("not paired: no control") and "refused" not in alone.reasons[-1]
+    based = gate(write_version(tmp_path / "based", train(), heldout(range(12)), heldout_base=heldout(range(4))))
+    assert based.paired["n_tasks"] == N and based.paired["mean_delta"] == pytest.approx(0.5)

@@ -110,7 +110,12 @@ def gate(child: str | Path, parent: str | Path | None = None, cfg: GateConfig | 
         parent_name, base = pv.name, pv.heldout
     else:
         parent_name, base = f"{cv.name} (base model)", cv.heldout_base
-    paired = paired_decision(cv.heldout, base, cfg)
+    if parent is None and not base:
+        # A seed or a continuation with no base-model verification (the loop verifies none): nothing
+        # to pair with, which is not a pairing failure.
+        paired = {"promote": False, "reason": "not paired: no control and no base-model held-out rollouts"}
+    else:
+        paired = paired_decision(cv.heldout, base, cfg)
     promote = valid and bool(paired.get("promote"))
     reasons.append(("paired statistics: " if valid else "paired statistics (ignored: invalid): ") + paired["reason"])
     decision = GateDecision(cv.name, parent_name, promote, valid, reasons, checks, violations, paired)
