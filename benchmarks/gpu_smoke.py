@@ -4,8 +4,12 @@ Runs where no weights can travel (a lent accelerator): the SmolLM2 tokenizer is 
 and the model is built from a config with random weights. Prints, per architecture and dtype:
 rollout tokens/s (LoRA adapter active), one GRPO step's seconds and peak memory, and the largest
 gap between sampler logprobs and the trainer's recomputed logprobs (the importance-ratio noise).
+Then the population variant of ``benchmarks/population_rollouts.py`` per architecture: K branch
+adapters' rollouts one adapter at a time, merged, and (where vllm is importable) in one vLLM
+multi-LoRA call, tokens/s side by side and the weights' memory against base + K × adapter + 10%.
 
     python benchmarks/gpu_smoke.py --tokenizer DIR [--device cuda] [--archs smollm2-135m,llama-1b]
+        [--population 8] [--population-prompts 16]
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -31,6 +38,7 @@ ARCHS = {
                      num_key_value_heads=8, max_position_embeddings=8192, initializer_range=0.02),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 def sync(device: str) -> None:
@@ -90,6 +98,42 @@ def run_one(arch: str, dtype: str, tok, device: str, batch: int, new_tokens: int
     return result
 
 
+def run_population(arch: str, dtype: str, tok, device: str, branches: int, prompts: int, new_tokens: int) -> dict:
+    """population_rollouts.py's three paths on a random-init ``arch`` (vLLM reads it from a saved folder)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from population_rollouts import add_branches, param_mib, prompts_for, run_paths
+
+    from evotrainer.policy.vllm_engine import vllm_version
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(len(tok), **ARCHS[arch]), dtype=DTYPES[dtype]).to(device)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    base_mib = param_mib(model.parameters())
+    base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    paths = ["transformers", "merged"] + (["vllm"] if vllm_version() else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / arch
+        if "vllm" in paths:   # vLLM's base must hold these weights: saved before peft wraps the model
+            model.save_pretrained(folder)
+            tok.save_pretrained(folder)
+        policy = Policy(model, tok, LoraSettings(r=16, lora_alpha=32))
+        names = add_branches(policy, branches, 0)
+        jobs = [prompts_for(i, prompts) for i in range(branches)]
+        params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
+        results = run_paths(paths, policy, names, jobs, params, base_state, lambda: folder, VLLM_DTYPES[dtype])
+        adapter_mib = param_mib(policy.parameters(names[0]))
+    ref = results["transformers"]["tokens_per_s"]
+    out = dict(arch=arch, dtype=dtype, branches=branches, prompts=prompts, new_tokens=new_tokens,
+               vllm=vllm_version() or "not installed", base_mib=round(base_mib), adapter_mib=round(adapter_mib, 1),
+               goal_mib=round((base_mib + branches * adapter_mib) * 1.1),
+               paths={p: dict(tokens_per_s=round(r["tokens_per_s"], 1), ratio=round(r["tokens_per_s"] / ref, 2),
+                              **{k: round(v, 1) for k, v in r.items() if k.endswith("seconds")}) for p, r in results.items()})
+    del policy, model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", required=True, help="folder with the SmolLM2 tokenizer files")
@@ -98,6 +142,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--batches", default="32,128")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--population", type=int, default=8, help="branch adapters in the population variant (0: skip)")
+    ap.add_argument("--population-prompts", type=int, default=16, help="prompts per branch there")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -116,8 +162,18 @@ def main() -> None:
                     r = dict(arch=arch, dtype=dtype, batch=batch, error=f"{type(e).__name__}: {e}")
                 results.append(r)
                 print(json.dumps(r), flush=True)
+    population = []
+    for arch in args.archs.split(",") if args.population else []:
+        for dtype in args.dtypes.split(","):
+            try:
+                r = run_population(arch, dtype, tok, args.device, args.population, args.population_prompts,
+                                   args.new_tokens)
+            except Exception as e:  # report and go on, as above
+                r = dict(arch=arch, dtype=dtype, error=f"{type(e).__name__}: {e}")
+            population.append(r)
+            print(json.dumps(r), flush=True)
     with open(os.path.join(args.out, "gpu_smoke.json"), "w") as f:
-        json.dump(results, f, indent=2)
+        json.dump(results + [dict(population=population)], f, indent=2)
     print("\narch          dtype batch  tokens/s  grpo step s  peak GiB  logp gap")
     for r in results:
         if "error" in r:

@@ -86,8 +86,10 @@ def run_merged(policy, names, jobs, params, tmp: Path, base_state: dict) -> dict
     for name, p in zip(names, jobs):
         t0 = time.perf_counter()
         policy.save(name, tmp / name)
-        plain = AutoModelForCausalLM.from_config(policy.base_model.config)   # a copy of the base weights
+        base = policy.base_model   # a copy of the base weights, on its device and in its dtype
+        plain = AutoModelForCausalLM.from_config(base.config, dtype=base.dtype)
         plain.load_state_dict(base_state)
+        plain.to(base.device)
         merged = PeftModel.from_pretrained(plain, tmp / name).merge_and_unload().eval()
         merge_s += time.perf_counter() - t0
         engine = TransformersEngine(MergedPolicy(merged, policy.tokenizer), batch_size=64)
@@ -100,12 +102,12 @@ def run_merged(policy, names, jobs, params, tmp: Path, base_state: dict) -> dict
     return {"tokens": n, "seconds": gen_s, "merge_seconds": merge_s}
 
 
-def run_vllm(policy, names, jobs, params, spec: str, seed: int, overrides: dict) -> dict:
+def run_vllm(policy, names, jobs, params, folder: Path, dtype: str = "float32") -> dict:
+    """``folder``: the base model as a Hugging Face folder holding exactly the policy's base weights."""
     from evotrainer.policy.vllm_engine import VllmEngine
 
     t0 = time.perf_counter()
-    engine = VllmEngine(policy, model_dir(spec, seed=seed, **overrides), max_loras=len(names),
-                        max_cpu_loras=2 * len(names))
+    engine = VllmEngine(policy, folder, max_loras=len(names), max_cpu_loras=2 * len(names), dtype=dtype)
     start_s = time.perf_counter() - t0
     try:
         engine.generate_many([(p, params, name) for name, p in zip(names, jobs)])   # warm-up, adapter checks
@@ -114,6 +116,42 @@ def run_vllm(policy, names, jobs, params, spec: str, seed: int, overrides: dict)
         return {"tokens": sum(tokens(o) for o in outs), "seconds": time.perf_counter() - t1, "start_seconds": start_s}
     finally:
         engine.close()
+
+
+def add_branches(policy, k: int, seed: int) -> list[str]:
+    """K adapters on ``policy`` with random non-zero B, as a few training steps would leave them."""
+    names = [f"branch{i}" for i in range(k)]
+    gen = torch.Generator().manual_seed(seed)
+    for name in names:
+        policy.create(name)
+        with torch.no_grad():
+            for pname, p in policy.model.named_parameters():
+                if f".{name}." in pname and "lora_B" in pname:
+                    p.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.device, p.dtype))
+    return names
+
+
+def run_paths(paths, policy, names, jobs, params, base_state: dict, vllm_folder, dtype: str = "float32") -> dict:
+    """Each path's tokens, seconds and tokens/s, printed as it finishes. ``vllm_folder()`` gives the base
+    model's folder for vLLM (only called when that path runs)."""
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in paths:
+            if path == "transformers":
+                r = run_transformers(policy, names, jobs, params)
+            elif path == "merged":
+                r = run_merged(policy, names, jobs, params, Path(tmp), base_state)
+            elif path == "vllm":
+                r = run_vllm(policy, names, jobs, params, vllm_folder(), dtype)
+            else:
+                raise SystemExit(f"--paths: unknown path {path!r}; choose from transformers, merged, vllm")
+            r["tokens_per_s"] = r["tokens"] / r["seconds"]
+            r["peak_rss_mib"] = peak_rss_mib()
+            results[path] = r
+            print(f"{path:>12}: {r['tokens']} tokens in {r['seconds']:.1f} s = {r['tokens_per_s']:.1f} tok/s"
+                  + (f" (+ {r['merge_seconds']:.1f} s merging)" if "merge_seconds" in r else "")
+                  + (f" (+ {r['start_seconds']:.1f} s engine start)" if "start_seconds" in r else ""), flush=True)
+    return results
 
 
 def main() -> None:
@@ -137,34 +175,12 @@ def main() -> None:
     base_mib = param_mib(model.parameters())
     base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}   # before peft wraps it
     policy = Policy(model, tok, LoraSettings(r=16, lora_alpha=32))
-    names = [f"branch{i}" for i in range(args.branches)]
-    gen = torch.Generator().manual_seed(args.seed)
-    for name in names:
-        policy.create(name)
-        with torch.no_grad():   # a trained-looking adapter: B no longer zero
-            for pname, p in policy.model.named_parameters():
-                if f".{name}." in pname and "lora_B" in pname:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    names = add_branches(policy, args.branches, args.seed)
     adapter_mib = param_mib(policy.parameters(names[0]))
     jobs = [prompts_for(i, args.prompts) for i in range(args.branches)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
-    results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in paths:
-            if path == "transformers":
-                r = run_transformers(policy, names, jobs, params)
-            elif path == "merged":
-                r = run_merged(policy, names, jobs, params, Path(tmp), base_state)
-            elif path == "vllm":
-                r = run_vllm(policy, names, jobs, params, args.model, args.seed, overrides)
-            else:
-                raise SystemExit(f"--paths: unknown path {path!r}; choose from transformers, merged, vllm")
-            r["tokens_per_s"] = r["tokens"] / r["seconds"]
-            r["peak_rss_mib"] = peak_rss_mib()
-            results[path] = r
-            print(f"{path:>12}: {r['tokens']} tokens in {r['seconds']:.1f} s = {r['tokens_per_s']:.1f} tok/s"
-                  + (f" (+ {r['merge_seconds']:.1f} s merging)" if "merge_seconds" in r else "")
-                  + (f" (+ {r['start_seconds']:.1f} s engine start)" if "start_seconds" in r else ""), flush=True)
+    results = run_paths(paths, policy, names, jobs, params, base_state,
+                        lambda: model_dir(args.model, seed=args.seed, **overrides))
     goal = (base_mib + args.branches * adapter_mib) * 1.1
     print(f"\n{args.branches} branches × {args.prompts} prompts × {args.new_tokens} new tokens, model {args.model}, "
           f"torch threads {torch.get_num_threads()}")
