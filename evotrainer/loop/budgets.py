@@ -34,7 +34,9 @@ class Budgets:
     ``train_steps`` is checked before each version starts, never inside one: siblings must train the
     same k steps for the paired gate to compare harnesses, not step counts. So a run stops with at
     most ``budget.train_steps + k - 1`` steps spent (k = ``evolution.steps_per_generation``), and the
-    versions that did not start are pruned with the reason. LLM calls are counted when reserved,
+    versions that did not start are pruned with the reason. Versions started together (lock-step
+    training on vLLM, Ray workers) are decided on ``train_steps`` as one by one (:meth:`steps_reached_with`);
+    the other budgets are checked as each starts, so they all start on what was spent before. LLM calls are counted when reserved,
     before the request goes out, and persisted at once through ``persist`` (the run's state save).
     """
 
