@@ -128,3 +128,28 @@ def test_an_honest_prompt_hook_passes_and_a_chosen_heldout_task_fails(tmp_path, 
     d = gate(picky)
     check = next(c for c in d.checks if c.name == "train_tasks_only")
     assert not d.valid and not check.passed and "math-heldout-guess" in check.message
+
+
+FAILING_PROMPT = '''def prompt(task):
+    raise RuntimeError("this prompt hook always fails")
+'''
+
+
+def test_a_prompt_hook_that_fails_at_run_time_rejects_its_version_and_the_run_goes_on(tmp_path):
+    """The train stage asks each version's prompts before the (shared) sampling call, so a hook that
+    raises is that version's failure, recorded with the hook's error, not a crash of the run."""
+    harness = tmp_path / "failing.py"
+    harness.write_text(child("prompt", FAILING_PROMPT).source)
+    cfg = {"model": "tiny-random", "run_dir": str(tmp_path / "run"), "harness": str(harness),
+           "domain": {"difficulty": 2, "n_train": 8, "n_heldout": 4, "n_test": 4},
+           "grpo": {"max_completion_length": 32, "num_generations": 2},
+           "train": {"prompts_per_step": 2, "eval_max_new_tokens": 4},
+           "evolution": {"population_size": 2, "children_per_generation": 2, "generations": 2,
+                         "steps_per_generation": 1, "operators": {"knobs": 1.0}, "user_skills": False}}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path)]) == 0
+    meta = VersionDir(tmp_path / "run" / "versions" / "v0000").meta()
+    assert meta.status == "rejected"
+    assert "harness failed in training" in meta.decision["reasons"][0]
+    assert "this prompt hook always fails" in meta.decision["reasons"][0]

@@ -38,9 +38,9 @@ class BranchTraining:
     """One pending version's k training steps under its own harness, a step at a time, so that
     several versions can step together and share the engine's batches (:func:`train_versions`).
 
-    ``with BranchTraining(exp, vid) as bt:`` opens the harness and the trainer; ``bt.tasks(i)`` picks
-    step i's tasks, ``bt.job(i, tasks)`` is what to sample for them, ``bt.learn(i, tasks, sampled)``
-    runs the step (sampling itself when ``sampled`` is None) and ``bt.finish()`` saves the adapter.
+    ``with BranchTraining(exp, vid) as bt:`` opens the harness and the trainer; ``bt.job(i)`` is what
+    to sample at step i (its tasks, asked as the harness asks), ``bt.learn(i, tasks, sampled)`` runs
+    the step on those rollouts and ``bt.finish()`` saves the adapter.
     A harness that fails at run time raises :data:`HARNESS_FAILURES`; ``bt.reject(e)`` records it.
     """
 
@@ -80,26 +80,29 @@ class BranchTraining:
         # so a child and its control differ only in the harness.
         return self.meta.generation * self.k + i
 
-    def tasks(self, i: int) -> list:
+    def job(self, i: int) -> CollectJob:
+        """Step i's sampling request: its tasks (the harness's curriculum), asked as the harness asks
+        them, after the adapter-applied check. Harness hooks run here, so a failing one is this
+        version's failure, not the shared batch's."""
         rt, cfg = self.exp.runtime, self.exp.cfg
-        tasks, bad = choose_tasks(self.harness, rt.train_tasks, task_stats(self.history + self.rollouts),
-                                  self.step_number(i), cfg.train.prompts_per_step, cfg.seed)
-        self.violations += bad
-        return tasks
-
-    def job(self, i: int, tasks: list) -> CollectJob:
-        """Step i's sampling request (the adapter checked first, as ``train_step`` does)."""
         step = self.step_number(i)
-        if step > 0:
-            self.exp.runtime.policy.check_adapter_applied(self.vid)
-        params = step_params(self.trainer.cfg, self.exp.cfg.seed, step)
-        return tasks, self.trainer.cfg.num_generations, params, self.vid, prompt_fn(self.harness), step
+        tasks, bad = choose_tasks(self.harness, rt.train_tasks, task_stats(self.history + self.rollouts),
+                                  step, cfg.train.prompts_per_step, cfg.seed)
+        self.violations += bad
+        if step > 0:   # rollouts only count if they really came from this branch's adapter
+            rt.policy.check_adapter_applied(self.vid)
+        ask = prompt_fn(self.harness)
+        if ask is not default_prompt:
+            asked = {t.id: ask(t) for t in tasks}
+            ask = lambda t: asked[t.id]   # noqa: E731
+        params = step_params(self.trainer.cfg, cfg.seed, step)
+        return tasks, self.trainer.cfg.num_generations, params, self.vid, ask, step
 
-    def learn(self, i: int, tasks: list, sampled: tuple[list, float] | None = None) -> None:
+    def learn(self, i: int, tasks: list, sampled: tuple[list, float]) -> None:
+        """Step i's GRPO update on its rollouts (sampled for :meth:`job`) and their generation seconds."""
         rt = self.exp.runtime
         step_rollouts, metrics = train_step(rt.policy, rt.engine, self.trainer, self.harness, rt.domain, tasks,
-                                            self.vid, self.step_number(i), self.exp.cfg.seed,
-                                            prompt=prompt_fn(self.harness), sampled=sampled)
+                                            self.vid, self.step_number(i), self.exp.cfg.seed, sampled=sampled)
         self.rollouts += step_rollouts
         self.vd.append_step(metrics)
         self.exp.budgets.spend(train_steps=1, rollout_tokens=sum(r.num_tokens for r in step_rollouts),
@@ -137,25 +140,15 @@ HARNESS_FAILURES = (SandboxError, GenomeError, ValueError)
 
 def train_version(exp: Experiment, vid: str) -> None:
     """Trains a pending version k steps from its (copied) parent adapter under its own harness."""
-    if exp.vdir(vid).meta().status != "pending":
-        return
-    bt = BranchTraining(exp, vid)
-    try:
-        with bt:
-            exp.progress.steps(f"{vid} GRPO steps", bt.k)
-            for i in range(bt.k):
-                bt.learn(i, bt.tasks(i))
-                exp.progress.step()
-            bt.finish()
-    except HARNESS_FAILURES as e:
-        bt.reject(e)
+    train_versions(exp, [vid])
 
 
 def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
-    """Trains pending versions in lock step: at each step every version picks its tasks, all their
-    rollouts are sampled in one engine call (``collect_many``: vLLM serves every adapter in one
-    batch), then each version takes its own GRPO step. A version whose harness fails is rejected and
-    the others go on. Returns the versions that trained."""
+    """Trains pending versions in lock step: at each step every version picks and asks its tasks,
+    all their rollouts are sampled in one engine call (``collect_many``: vLLM serves every adapter in
+    one batch; other engines sample one version after another), then each version takes its own GRPO
+    step. A version whose harness fails is rejected and the others go on. Returns the versions that
+    trained."""
     sessions, stack = {}, contextlib.ExitStack()
     with stack:
         for vid in vids:
@@ -169,27 +162,28 @@ def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
         k = exp.cfg.evolution.steps_per_generation
         exp.progress.steps(f"{', '.join(sessions)} GRPO steps", k)
         for i in range(k):
-            picked = {}
+            jobs = {}
             for vid, bt in list(sessions.items()):
                 try:
-                    picked[vid] = bt.tasks(i)
+                    jobs[vid] = bt.job(i)
                 except HARNESS_FAILURES as e:
-                    bt.reject(e)
-                    sessions.pop(vid)
-            if not picked:
+                    sessions.pop(vid).reject(e)
+            if not jobs:
                 break
             t0 = time.perf_counter()
-            sampled = collect_many(exp.runtime.engine, exp.runtime.domain,
-                                   [sessions[vid].job(i, tasks) for vid, tasks in picked.items()])
-            share = (time.perf_counter() - t0) / len(picked)   # each version's part of the shared call
-            for (vid, tasks), rollouts in zip(picked.items(), sampled):
+            sampled = collect_many(exp.runtime.engine, exp.runtime.domain, list(jobs.values()))
+            share = (time.perf_counter() - t0) / len(jobs)   # each version's part of a shared call
+            for (vid, job), rollouts in zip(jobs.items(), sampled):
                 try:
-                    sessions[vid].learn(i, tasks, sampled=(rollouts, share))
+                    sessions[vid].learn(i, job[0], sampled=(rollouts, share))
                 except HARNESS_FAILURES as e:
                     sessions.pop(vid).reject(e)
             exp.progress.step()
-        for bt in sessions.values():
-            bt.finish()
+        for vid, bt in list(sessions.items()):
+            try:
+                bt.finish()
+            except HARNESS_FAILURES as e:
+                sessions.pop(vid).reject(e)
     return list(sessions)
 
 
