@@ -150,9 +150,13 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="keep run dirs here (default: a temp dir)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-test", action="store_true", help="skip verifying each run's best version on the test split")
+    ap.add_argument("--label", default=None, help="name the results of this invocation's one mode by this "
+                    "instead (e.g. evolve-exploit with --set evolution.exploit_share=0.5), beside stored ones")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every run, e.g. train.carry_optimizer=true (YAML value)")
     args = ap.parse_args()
+    if args.label and "," in args.modes:
+        raise SystemExit("--label names one mode's results: give one --modes")
     root = Path(args.out or tempfile.mkdtemp(prefix="compare-modes-"))
     results: dict[str, list[dict]] = {}
     done = Path(args.json) if args.json else None
@@ -162,7 +166,8 @@ def main() -> None:
     exp = None
     for seed in map(int, args.seeds.split(",")):
         for mode in args.modes.split(","):
-            if any(r["seed"] == seed for r in results.get(mode, [])):
+            name = args.label or mode
+            if any(r["seed"] == seed for r in results.get(name, [])):
                 continue
             cfg = load_config(args.config)
             cfg.seed, cfg.evolution.mode = seed, mode
@@ -180,7 +185,7 @@ def main() -> None:
                 cfg.train.eval_size = args.eval_size
             for item in args.set:
                 override(cfg, item)
-            cfg.run_dir = str(root / f"{mode}-s{seed}")
+            cfg.run_dir = str(root / f"{name}-s{seed}")
             exp = Experiment(cfg)
             exp.run()
             best = best_version(exp)
@@ -195,11 +200,11 @@ def main() -> None:
             if not args.no_test:
                 row["test_scores"] = test_scores(exp, best.id)
                 row["test"] = mean_score(row["test_scores"])
-            results.setdefault(mode, []).append(row)
+            results.setdefault(name, []).append(row)
             if done:
                 done.write_text(json.dumps({"args": vars(args), "base_test": None, "results": results}, indent=2))
             test = f" test {row['test']:.3f}," if "test" in row else ""
-            print(f"{mode:>13} seed {seed}: best {best.id} held-out {row['heldout']:.3f},{test} {row['versions']} versions, "
+            print(f"{name:>13} seed {seed}: best {best.id} held-out {row['heldout']:.3f},{test} {row['versions']} versions, "
                   f"{row['lineage_steps']} steps on its lineage, "
                   f"wall {row['wall_s']:.0f} s, overhead {row['overhead_share']:.1%} ("
                   + ", ".join(f"{k} {v:.1f}" for k, v in row["overhead_parts_s"].items()) + " s)", flush=True)

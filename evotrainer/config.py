@@ -154,11 +154,21 @@ class EvolutionConfig(_Section):
                                            "statistics say the survivor regressed from it")
     keep_ties: bool = Field(True, description="a child that ties its control lives on as a branch of its own "
                                               "(up to population_size); false: only promoted children survive")
+    exploit_share: float = Field(0.0, ge=0, lt=1, description="share of budget.train_steps kept for the best "
+                                 "lineage alone: once the next generation would pass the rest, no more children; "
+                                 "the elite is continued until the budget is spent (0: explore to the end)")
     knobs_startup_trials: int = Field(3, ge=0, description="random knob trials before TPE models the paired deltas")
     skills_validate_after: int = Field(2, ge=1)
     user_skills: bool = Field(True, description="read and extend the user-level skill library")
     llm: LLMConfig = Field(default_factory=LLMConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
+
+    @model_validator(mode="after")
+    def _exploit_needs_a_step_budget(self) -> "EvolutionConfig":
+        if self.exploit_share > 0 and self.budget.train_steps is None:
+            raise ValueError(f"exploit_share {self.exploit_share} is a share of the train-step budget, and "
+                             "evolution.budget.train_steps is not set; set it, or set exploit_share: 0")
+        return self
 
 
 class RayConfig(_Section):

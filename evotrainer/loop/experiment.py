@@ -25,6 +25,7 @@ from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.budgets import BudgetReached, Budgets
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.executor import Executor, build_executor
+from evotrainer.loop.exploit import exploration_overruns
 from evotrainer.loop.final_pick import report_test
 from evotrainer.loop.gating import gate_version
 from evotrainer.loop.operator_mix import operator_mix
@@ -161,7 +162,8 @@ class Experiment:
                 raise BudgetReached(s.stop_reason)
             if g + 1 < self.cfg.evolution.generations:
                 self.continue_survivors(g + 1)
-                propose_children(self, s.survivors, g + 1)
+                if s.exploit_from is None:
+                    propose_children(self, s.survivors, g + 1)
             s.generation, s.stage = g + 1, "train"
             if any(v == "pending" for v in s.approvals.values()):
                 s.status = "paused"
@@ -183,6 +185,7 @@ class Experiment:
                 # the last survivors stand, or the run would end with none and no final pick
                 survivors = [v for v in s.survivors if self.vdir(v).path.is_dir()]
                 self.say(f"gen {g}: no version was trained; the survivors of the last selection stand")
+            survivors = self.narrow_to_exploit(g, cands, survivors)
             reverts: list[dict] = []
             if self.cfg.evolution.revert:
                 survivors, reverts = plan_reverts(self, survivors, g)
@@ -201,6 +204,21 @@ class Experiment:
                 crash_point("select:pruned")
         self.say(f"gen {g}: survivors {', '.join(s.survivors) or 'none'}")
         s.live = []
+
+    def narrow_to_exploit(self, g: int, cands: list[Candidate], survivors: list[str]) -> list[str]:
+        """In the exploit phase only the elite lives on (``loop/exploit.py``); entering it is logged."""
+        s = self.state
+        why = ""
+        if s.exploit_from is None:
+            overruns, why = exploration_overruns(self.cfg, s.budget_used.get("train_steps", 0), len(survivors))
+            if not overruns:
+                return survivors
+            s.exploit_from = g
+        best = select_survivors(cands, 1, elitism=1) or survivors[:1]   # no candidates: the standing one
+        if why:
+            self.say(f"gen {g}: exploit phase: {why}; only {', '.join(best) or 'none'} lives on, no more "
+                     "children, its lineage trains until the step budget is spent")
+        return best
 
     def budget_left(self, vid: str) -> bool:
         """False (and the version pruned, reason recorded) once a budget is spent: the generation then

@@ -28,6 +28,7 @@ class RunState:
     live: list[str] = field(default_factory=list)          # versions to train this generation
     survivors: list[str] = field(default_factory=list)     # selected at the end of this generation
     selection: dict[str, Any] | None = None  # the select stage's saved plan (survivors, reverts, prune)
+    exploit_from: int | None = None    # the generation whose selection began the exploit phase (loop/exploit.py)
     next_id: int = 0
     budget_used: dict[str, float] = field(default_factory=lambda: {
         "train_steps": 0, "rollout_tokens": 0, "llm_calls": 0, "llm_tokens": 0, "wall_time_s": 0.0})
