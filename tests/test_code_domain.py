@@ -109,6 +109,14 @@ def test_verify_survives_any_completion(mixed):
     for junk in ["", None, 42, "```python\n", "\x00\x01" * 50, "def " * 2000, "```python\nimport os\nos._exit(3)\n```"]:
         v = mixed.verify(t, junk)
         assert v["correct"] is False and len(v["verdicts"]) == len(t.visible["tests"])
+    # Past the parser's own limits (RecursionError, MemoryError in ast.parse): a program that does not
+    # parse, graded as failing, never an exception in the engine's verification.
+    entry = t.visible.get("entry", "f")
+    for deep in ["1" + "+1" * 20000, "-" * 20000 + "1", f"def {entry}(x):\n    return " + "-" * 20000 + "x\n"]:
+        v = mixed.verify(t, f"```python\n{deep}\n```")
+        assert v["correct"] is False and len(v["verdicts"]) == len(t.visible["tests"])
+        full = mixed.verify_full(t, deep)
+        assert full["hidden"]["correct"] is False
 
 
 def test_train_verdicts_hold_visible_tests_only(mixed):

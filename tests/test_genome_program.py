@@ -328,3 +328,15 @@ def test_contract_size_limits_and_allow_list():
     check_contract("import numpy as np\nx = getattr(np, 'mean')\nif __name__ == 'x':\n    pass\n")
     with pytest.raises(ContractError, match="'numpy' is not allowed"):
         check_contract("import numpy\n", allowed_imports=("math",))
+
+
+def test_a_genome_nested_past_the_parsers_limit_is_a_contract_error():
+    # An LLM's genome of thousands of chained operators makes ast.parse raise RecursionError or
+    # MemoryError: a genome that does not parse, refused with a reason, never a crash of the engine.
+    for expr in ["1" + "+1" * 20000, "-" * 20000 + "1"]:
+        p = HarnessProgram(f"def reward(rollouts, tasks):\n    return [{expr}]\n")
+        with pytest.raises(ContractError, match="unparseable source"):
+            check_contract(p)
+    with pytest.raises(EditError, match="does not parse"):
+        rewrite_hook(reference_program(), "reward",
+                     "def reward(rollouts, tasks):\n    return [" + "-" * 20000 + "1]\n")

@@ -147,3 +147,9 @@ def test_a_recorded_smollm2_reply_is_rejected_with_a_reason():
     tokens): code without the required header. It must be a clean rejection, not a crash."""
     with pytest.raises(ReplyParseError, match="no 'HYPOTHESIS:' line"):
         parse_diff_reply(reply("smollm2_real_diff_reply.txt"))
+
+
+def test_a_code_block_nested_past_the_parsers_limit_is_a_reason_not_a_crash():
+    reply_text = "```python\ndef reward(rollouts, tasks):\n    return [" + "-" * 20000 + "1]\n```"
+    with pytest.raises(ReplyParseError, match="does not parse"):
+        extract_function(reply_text, "reward")

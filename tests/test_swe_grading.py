@@ -183,3 +183,12 @@ def test_cli_builds_swe_from_a_config(tmp_path, capsys):
     assert main(["domain", "show", "swe", "--config", str(cfg), "--split", "test"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("swe test: 1 of 1 tasks") and "has an open issue" in out
+
+
+def test_a_test_file_nested_past_the_parsers_limit_is_reported_not_raised():
+    from evotrainer.domains.swe.runner import collect_tests
+
+    errors: list[str] = []
+    files = {"tests/test_deep.py": "X = " + "-" * 20000 + "1\n", "tests/test_ok.py": "def test_a():\n    pass\n"}
+    assert collect_tests(files, errors) == ["tests/test_ok.py::test_a"]
+    assert len(errors) == 1 and errors[0].startswith("tests/test_deep.py: cannot collect:")

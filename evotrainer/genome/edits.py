@@ -97,6 +97,8 @@ def rewrite_hook(program: HarnessProgram, hook: str, new_source: str) -> Harness
         tree = ast.parse(new_source)
     except SyntaxError as e:
         raise EditError(f"new {hook} source: syntax error at line {e.lineno}: {e.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as e:   # null bytes; nested past the parser's limit
+        raise EditError(f"new {hook} source does not parse ({type(e).__name__})") from None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].name != hook:
         raise EditError(f"new {hook} source must be exactly one top-level 'def {hook}(...)'")
     return _replace_hook(program, hook, new_source.strip("\n"))

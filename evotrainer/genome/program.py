@@ -69,6 +69,8 @@ class HarnessProgram:
             raise ContractError(f"syntax error at line {e.lineno}: {e.msg}") from None
         except ValueError as e:  # e.g. null bytes in the source
             raise ContractError(f"unparseable source: {e}") from None
+        except (RecursionError, MemoryError):  # thousands of chained operators: the parser's own limit
+            raise ContractError("unparseable source: nested too deeply for the Python parser") from None
 
     @cached_property
     def lines(self) -> list[str]:

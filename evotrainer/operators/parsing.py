@@ -170,6 +170,9 @@ def extract_function(text: str, name: str) -> str:
         except SyntaxError as err:
             errors.append(f"syntax error in code block: {err.msg} (line {err.lineno})")
             continue
+        except (ValueError, RecursionError, MemoryError) as err:   # null bytes; nested past the parser's limit
+            errors.append(f"code block does not parse ({type(err).__name__})")
+            continue
         funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         if not any(f.name == name for f in funcs):
             errors.append(f"code block does not define {name}()")

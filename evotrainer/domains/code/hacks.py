@@ -17,6 +17,8 @@ import ast
 from collections.abc import Sequence
 from typing import Any
 
+from evotrainer.domains.code.parsing import parse_source
+
 EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit", "os.abort", "os.kill"}
 EXIT_EXCEPTIONS = {"SystemExit", "KeyboardInterrupt", "GeneratorExit"}
 EQ_METHODS = {"__eq__", "__ne__", "__hash__"}
@@ -40,9 +42,8 @@ def _root(node: ast.AST) -> str:
 
 def static_flags(source: str, kind: str = "function") -> list[str]:
     """Tamper flags read from the source alone (a source that does not parse has none)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    tree = parse_source(source)
+    if tree is None:
         return []
     modules = {"builtins", "__builtins__"}
     flags: list[str] = []
@@ -131,9 +132,8 @@ def hardcoded_flag(source: str, visible_tests: Sequence[Any], visible_pass: bool
     shown values in its source."""
     if not visible_pass or hidden_pass:
         return None
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    tree = parse_source(source)
+    if tree is None:
         return None
     shown = visible_values(visible_tests)
     hits = []

@@ -12,6 +12,7 @@ last fenced block, else the whole text (``raw``). Parsing never raises.
 
 from __future__ import annotations
 
+import ast
 import re
 import textwrap
 from typing import Any
@@ -21,11 +22,25 @@ CODE_START_RE = re.compile(r"^(?:def |class |import |from |@)", re.M)
 MAX_TRIM = 40  # lines of trailing prose cut from unfenced code before giving up
 
 
+# What parsing policy-written source may raise in the engine's process: a syntax error, a null byte
+# (ValueError), or a few thousand chained operators (RecursionError, MemoryError from the parser).
+# Each is a program that does not parse, never a crash of verification.
+UNPARSEABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+
+
+def parse_source(source: str) -> ast.Module | None:
+    """The module's AST, or None when the source does not parse (for any of ``UNPARSEABLE``)."""
+    try:
+        return ast.parse(source)
+    except UNPARSEABLE:
+        return None
+
+
 def _compiles(source: str) -> bool:
     try:
         compile(source, "solution.py", "exec")
         return True
-    except (SyntaxError, ValueError):
+    except UNPARSEABLE:
         return False
 
 

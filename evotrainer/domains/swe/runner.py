@@ -130,7 +130,7 @@ def collect_tests(files: dict[str, str], errors: list[str] | None = None) -> lis
             continue
         try:
             tree = ast.parse(files[path])
-        except (SyntaxError, ValueError) as e:
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as e:   # policy-written: never a crash
             if errors is not None:
                 errors.append(f"{path}: cannot collect: {type(e).__name__}: {e}")
             continue
