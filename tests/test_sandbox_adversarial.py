@@ -537,3 +537,49 @@ def test_network_namespace_holds_even_with_the_guards_switched_off():
     with pytest.raises(socket.timeout):
         listener.accept()
     listener.close()
+
+
+@pytest.mark.parametrize("where", ["exception_str", "finaliser_in_a_module", "finaliser_in_a_cycle"])
+def test_harness_code_that_runs_after_the_call_is_still_guarded(tmp_path, where):
+    """Harness code also runs after its hook returns: an exception's __str__ while the worker formats
+    the report, the __del__ of an object left in a module as the worker restores it, and of a cycle
+    as it is collected. The folder is world-writable, so only the worker's audit hook stands in the
+    way (not the uid drop): the write is refused and reported as forbidden."""
+    os.chmod(tmp_path, 0o777)
+    target = tmp_path / f"{where}.txt"
+    bodies = {
+        "exception_str": f"""
+            import numpy
+            class Boom(Exception):
+                def __str__(self):
+                    numpy.savetxt({str(target)!r}, numpy.array([1.0]))
+                    return "boom"
+            def reward(rollouts, tasks):
+                raise Boom()
+            """,
+        "finaliser_in_a_module": f"""
+            import numpy
+            class Later:
+                def __del__(self, save=numpy.savetxt, arr=numpy.array):
+                    save({str(target)!r}, arr([4.0]))
+            def reward(rollouts, tasks):
+                numpy.stash = Later()
+                return [1.0] * len(rollouts)
+            """,
+        "finaliser_in_a_cycle": f"""
+            import numpy
+            class Later:
+                def __del__(self, save=numpy.savetxt, arr=numpy.array):
+                    save({str(target)!r}, arr([4.0]))
+            def reward(rollouts, tasks):
+                a = Later()
+                a.me = a
+                return [1.0] * len(rollouts)
+            """,
+    }
+    with Sandbox(HarnessProgram(textwrap.dedent(bodies[where]), name="hostile.py"), LIMITS, check=False) as sb:
+        with pytest.raises(SandboxError) as e:
+            sb.call("reward", RDS, TASKS)
+        assert e.value.kind == "forbidden", (e.value.kind, str(e.value))
+        assert "outside the scratch directory" in str(e.value)
+    assert not target.exists()

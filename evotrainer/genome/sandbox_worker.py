@@ -287,21 +287,26 @@ def snapshot():
 
 
 def restore(snap):
-    """Undoes what a call may have changed: module attributes, signal handlers, timers."""
+    """Undoes what a call may have changed: module attributes, signal handlers, timers; whether a
+    module had changed."""
     mods, dicts, handlers = snap
+    changed = False
     for name, mod in mods.items():
         if sys.modules.get(name) is not mod:
             sys.modules[name] = mod
+            changed = True
         d, saved = vars(mod), dicts[name]
         if len(d) != len(saved) or any(d.get(k, d) is not v for k, v in saved.items()):
             d.clear()
             d.update(saved)
+            changed = True
     _signal.alarm(0)
     for timer in (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF):
         _signal.setitimer(timer, 0)
     for sig, handler in handlers.items():
         if _signal.getsignal(sig) is not handler and handler is not None:
             _signal.signal(sig, handler)
+    return changed
 
 
 def load(code, harness_builtins):
@@ -314,21 +319,37 @@ def failure(kind, message, output=""):
     return {"ok": False, "kind": kind, "message": message, "output": output}
 
 
-def classify(exc, name):
+def described(exc):
+    """(type name, message) of a harness's exception, computed while the guard is on: its
+    ``__str__`` (and its class's ``__name__``, which a metaclass may define) is harness code."""
+    try:
+        text = repr(exc.code) if isinstance(exc, SystemExit) else str(exc)
+    except BaseException:  # noqa: BLE001 - the harness's __str__ raised (a violation is counted already)
+        text = "(its message could not be formatted)"
+    try:
+        tname = str(type(exc).__name__)
+    except BaseException:  # noqa: BLE001
+        tname = "Exception"
+    return tname, text
+
+
+def classify(exc, tname, text, name):
+    """(kind, message, traceback) of a harness's exception; reads only frames and the strings
+    ``described`` made, so it runs no harness code and may run with the guard off."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
     tb = "Traceback (most recent call last, harness frames):\n" + "".join(traceback.format_list(frames[-20:])) \
-        + "".join(traceback.format_exception_only(type(exc), exc))
+        + f"{tname}: {text}\n"
     where = [f for f in frames if f.filename == name]
     at = f" (line {where[-1].lineno})" if where else ""
     if isinstance(exc, MemoryError):
         return "memory", f"MemoryError{at}: the address-space limit was reached", tb
     if isinstance(exc, RecursionError):
-        return "recursion", f"RecursionError{at}: {exc}", tb
+        return "recursion", f"RecursionError{at}: {text}", tb
     if isinstance(exc, SystemExit):
-        return "exit", f"the harness called exit({exc.code!r}){at}", tb
+        return "exit", f"the harness called exit({text}){at}", tb
     if isinstance(exc, OutputLimit):
         return "output_limit", "the harness printed more than the output cap", ""
-    return "exception", f"{type(exc).__name__}{at}: {exc}", tb
+    return "exception", f"{tname}{at}: {text}", tb
 
 
 def guarded_run(thunk, init, snap):
@@ -337,16 +358,33 @@ def guarded_run(thunk, init, snap):
     State.violations = []
     cpu_budget(init["limits"]["cpu_s"], init["limits"]["cpu_lifetime_s"])
     sys.stdout = sys.stderr = capture
-    result, error = None, None
+    result, error, report = None, None, None
     State.active = True
     try:
         result = plain(thunk())
+    except NotJSON as e:
+        report = ("bad_result", str(e), "")
     except BaseException as e:  # everything the harness does is reported, never fatal here
-        error = e
+        error, about = e, described(e)
+    State.active = False
+    if error is not None:   # the worker's own code reads the frames: off the guard, which forbids that
+        report = classify(error, *about, init["name"])
+    State.active = True
+    try:
+        # Harness code runs after the call too: the __del__ of its frames' locals as the exception
+        # goes, of what it left in modules as they are restored, of cycles as they are collected. A
+        # finaliser that changes a module again is undone by the next round.
+        error = None
+        for _ in range(3):
+            changed = restore(snap)
+            gc.collect()
+            if not changed:
+                break
+    except BaseException:  # noqa: BLE001 - a violation raised in a finaliser is counted in State.violations
+        pass
     finally:
         State.active = False
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-        restore(snap)
     if len(os.listdir(f"/proc/{os.getpid()}/task")) > 1:  # threads would outlive the call, audit hook off
         State.violations.append("starting threads is not allowed in a harness")
     output = capture.text()
@@ -354,10 +392,8 @@ def guarded_run(thunk, init, snap):
         return failure("output_limit", f"the harness printed more than {capture.cap} characters", output)
     if State.violations:
         return failure("forbidden", State.violations[0], output)
-    if isinstance(error, NotJSON):
-        return failure("bad_result", str(error), output)
-    if error is not None:
-        kind, message, tb = classify(error, init["name"])
+    if report is not None:
+        kind, message, tb = report
         return failure(kind, message, (output + "\n" + tb).strip())
     return {"ok": True, "result": result, "output": output}
 
