@@ -18,6 +18,7 @@ from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.engine_choice import build_engine, resolve_engine, tiny_overrides
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import RolloutEngine
+from evotrainer.records.run_dir import RunDirError
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +82,20 @@ class Runtime:
         with self.budgets.timed("load"):
             return build_engine(self.cfg, policy, self.engine_name)
 
-    def load_adapter(self, vid: str, adapter_dir: Path) -> None:
-        """Loads a version's adapter (or a fresh one for a seed with none) under its id."""
+    def load_adapter(self, vid: str, adapter_dir: Path, fresh_ok: bool = False) -> None:
+        """Loads a version's adapter under its id; with ``fresh_ok`` (a seed, before its training)
+        a missing one is created fresh. A missing adapter anywhere else is refused: silently
+        starting from fresh weights would train or score a different policy than the record says."""
         if vid in self.policy.branches:  # (the first use loads the model, timed as "load", not here)
             return
         with self.budgets.timed("adapter"):
             if (adapter_dir / "adapter_config.json").is_file():
                 self.policy.load(vid, adapter_dir)
-            else:
+            elif fresh_ok:
                 self.policy.create(vid)
+            else:
+                raise RunDirError(f"{adapter_dir} holds no adapter (adapter_config.json is missing): the version's "
+                                  "weights are lost; restore the folder from a backup, or start the run again")
 
     def unload_adapter(self, vid: str) -> None:
         if "policy" in self.__dict__ and vid in self.policy.branches:

@@ -20,11 +20,13 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
+from evotrainer.loop.crash import crash_point
 from evotrainer.policy.collect import CollectJob, collect_many, default_prompt, prompt_fn, shares_batches, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.episodes import sampled_token_budget
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.train_step import grpo_config, step_params, train_step
+from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.scores import heldout_accuracy
 from evotrainer.records.version import write_atomic
 
@@ -38,7 +40,8 @@ class BranchTraining:
     """One pending version's k training steps under its own harness, a step at a time, so that
     several versions can step together and share the engine's batches (:func:`train_versions`).
 
-    ``with BranchTraining(exp, vid) as bt:`` opens the harness and the trainer; ``bt.job(i)`` is what
+    ``bt.start_from_parent()`` copies the parent's adapter afresh; ``with BranchTraining(exp, vid) as bt:``
+    then opens the harness and the trainer; ``bt.job(i)`` is what
     to sample at step i (its tasks, asked as the harness asks), ``bt.learn(i, tasks, sampled)`` runs
     the step on those rollouts and ``bt.finish()`` saves the adapter.
     A harness that fails at run time raises :data:`HARNESS_FAILURES`; ``bt.reject(e)`` records it.
@@ -54,7 +57,7 @@ class BranchTraining:
     def __enter__(self) -> BranchTraining:
         exp, cfg, vd, meta = self.exp, self.exp.cfg, self.vd, self.meta
         (vd.path / "steps.jsonl").unlink(missing_ok=True)  # a crash mid-training restarts it from the copy
-        exp.runtime.load_adapter(self.vid, vd.adapter_dir)
+        exp.runtime.load_adapter(self.vid, vd.adapter_dir, fresh_ok=not meta.parents)
         self.t0 = time.perf_counter()
         # The curriculum's counts start from what the lineage last trained on (the parent's cache).
         self.history = exp.vdir(meta.parents[0]).rollouts("train") if meta.parents else []
@@ -74,6 +77,19 @@ class BranchTraining:
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
+
+    def start_from_parent(self) -> None:
+        """Training always starts from a fresh copy of the parent's adapter (a seed: from none). An
+        attempt that died after saving its trained adapter, or between removing the old one and
+        renaming the new, must neither train that adapter twice nor start from fresh weights."""
+        self.exp.runtime.unload_adapter(self.vid)
+        shutil.rmtree(self.vd.adapter_dir, ignore_errors=True)
+        if self.meta.parents:
+            src = self.exp.vdir(self.meta.parents[0]).adapter_dir
+            if not (src / "adapter_config.json").is_file():
+                raise RunDirError(f"{self.vid}'s parent {self.meta.parents[0]} holds no adapter ({src}): its weights "
+                                  "are lost; restore the folder from a backup, or start the run again")
+            shutil.copytree(src, self.vd.adapter_dir)
 
     def step_number(self, i: int) -> int:
         # Common random numbers: siblings of one generation see the same tasks and seeds,
@@ -124,7 +140,9 @@ class BranchTraining:
             if cfg.train.carry_optimizer:
                 torch.save(self.trainer.optimizer_state(), tmp / OPTIMIZER_FILE)
             shutil.rmtree(vd.adapter_dir, ignore_errors=True)
+            crash_point(f"train:adapter-removed:{self.vid}")
             tmp.rename(vd.adapter_dir)
+            crash_point(f"train:adapter-saved:{self.vid}")   # trained weights on disk, the version still pending
         vd.save_rollouts("train", self.rollouts)
         vd.save_engine_violations(self.violations)
         for v in self.violations[:3]:
@@ -155,6 +173,7 @@ def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
             if exp.vdir(vid).meta().status != "pending":
                 continue
             bt = BranchTraining(exp, vid)
+            bt.start_from_parent()   # before the harness's failures are caught: a lost adapter stops the run
             try:
                 sessions[vid] = stack.enter_context(bt)
             except HARNESS_FAILURES as e:
