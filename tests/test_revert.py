@@ -133,6 +133,23 @@ def test_a_version_id_reused_after_a_crash_starts_from_an_empty_directory(tmp_pa
     assert vid == "v0004"
     assert not (leftover / "intervention.json").exists() and not (leftover / "backtest.json").exists()
     assert exp.vdir(vid).meta().intervention is None and exp.vdir(vid).adapter_dir.is_dir()
+    assert any(e.startswith("v0004: cleared what a process that died while creating it left") for e in exp.state.events)
+
+
+def test_a_recorded_version_under_the_next_id_is_never_deleted(tmp_path):
+    """A state.json older than the versions (restored from a backup) allocates an id a recorded version
+    holds: refused with the reason, and the version's files stay."""
+    import shutil
+
+    from evotrainer.records.run_dir import RunDirError
+
+    exp = lineage(tmp_path)
+    shutil.copytree(exp.vdir("v0003").path, exp.vdir("v0004").path)
+    status = exp.vdir("v0004").meta().status
+    assert status != "pending"
+    with pytest.raises(RunDirError, match=rf"holds a recorded version \({status}\).*state is older"):
+        new_version(exp, exp.vdir("v0003").meta(), exp.vdir("v0003").genome_source(), 3)
+    assert (exp.vdir("v0004").path / "meta.json").is_file() and exp.vdir("v0004").meta().status == status
 
 
 # ---- the winner's curse ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.crash import crash_point
+from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.version import BranchVersion, write_atomic
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def new_version(exp: Experiment, parent: BranchVersion | None, source: str, gene
     vid = exp.state.new_id()
     vd = exp.vdir(vid)
     if vd.path.exists():
-        shutil.rmtree(vd.path)
+        _clear_leftover(exp, vid)
     vd.path.mkdir(parents=True)
     if parent is not None:
         src = exp.vdir(parent.id).adapter_dir
@@ -47,3 +48,17 @@ def new_version(exp: Experiment, parent: BranchVersion | None, source: str, gene
     ))
     crash_point("version:created")
     return vid
+
+
+def _clear_leftover(exp: Experiment, vid: str) -> None:
+    """Clears a directory under an id the saved state never allocated: what a process killed while
+    creating it left. One that got further than ``pending`` was recorded, so the state is older
+    than the run's versions (restored from a backup?) and nothing is deleted."""
+    vd = exp.vdir(vid)
+    status = vd.meta().status if (vd.path / "meta.json").is_file() else None
+    if status not in (None, "pending"):
+        raise RunDirError(f"{vd.path} holds a recorded version ({status}) that state.json says was never "
+                          f"created (its next id is {vid}): the state is older than the run's versions; restore "
+                          "the state.json that goes with them, or start the run again in a new --run-dir")
+    shutil.rmtree(vd.path)
+    exp.say(f"{vid}: cleared what a process that died while creating it left ({status or 'no meta.json'})")
