@@ -192,6 +192,14 @@ def test_mix_counts_rejections_and_repairs_contract_failures():
     assert mix.stats_dict()["llm_diff"]["rejections"] == {"contract": 1}
     assert mix.stats_dict()["llm_repair"]["accepted"] == 1
 
+    # A repair that fails too is in the event log beside the rejection it tried to mend.
+    client = ScriptedClient("diff_forbidden_import.txt", "smollm_ramble.txt")
+    mix = OperatorMix({"llm_diff": 1.0}, shared={"client": client}, repair=True)
+    said = []
+    with pytest.raises(OperatorError):
+        mix.propose([parent], Evidence(health_report=REPORT), on_reject=lambda name, err: said.append((name, err.kind)))
+    assert said == [("llm_diff", "contract"), ("llm_repair", "parse")], said
+
 
 def test_mix_drops_an_operator_whose_budget_is_spent():
     client = ScriptedClient(BudgetExhausted("LLM token budget would be exceeded"))

@@ -238,6 +238,8 @@ class OperatorMix:
                         return self._repair(parents, evidence, err)
                     except OperatorError as repair_err:
                         last = repair_err
+                        if on_reject:   # it spent LLM calls too: in the event log like any rejection
+                            on_reject("llm_repair", repair_err)
                 if err.kind == "budget":
                     self.weights[name] = 0.0
                     if not any(w > 0 for w in self.weights.values()):
