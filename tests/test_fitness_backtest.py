@@ -12,7 +12,7 @@ import pytest
 from evotrainer.fitness.backtest import backtest, parse_expectation
 from evotrainer.fitness.cache import write_version
 from evotrainer.cli.fitness import register
-from evotrainer.fitness.labels import LabelledCase, LabelStore, score_diagnostics
+from evotrainer.fitness.labels import BranchLabel, DiagnosticGap, LabelledCase, LabelStore, RolloutLabel, score_diagnostics
 from evotrainer.loop.planted import LEAK_CHECK
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
@@ -108,6 +108,16 @@ def test_candidate_that_fails_on_the_cache_is_rejected(parent, tmp_path):
     assert not r.accept and r.errors and "fails on the parent's cached rollouts" in r.reasons[0]
 
 
+def test_candidate_whose_metrics_hook_fails_is_rejected_not_judged_later(parent, tmp_path):
+    """A metrics hook that raises used to lose its names quietly: the expectation on one of them
+    became 'not measurable, judged after training' and the child was trained."""
+    bad = tmp_path / "bad_metrics.py"
+    bad.write_text("def metrics(rollouts, groups):\n    raise KeyError('format_rate')\n")
+    r = backtest(bad, parent, expect="format_rate > 0.5")
+    assert not r.accept and r.expectation_status == "none", r.reasons
+    assert any("KeyError" in e and "format_rate" in e for e in r.errors), r.errors
+
+
 def test_parse_expectation():
     e = parse_expectation("dead_group_ratio delta< -0.1")
     assert (e.metric, e.op, e.value) == ("dead_group_ratio", "delta<", -0.1)
@@ -155,7 +165,6 @@ def test_backtest_rejects_a_child_that_loses_a_known_detection(tmp_path):
 
 
 def test_label_store_round_trip(tmp_path, parent):
-    from evotrainer.fitness.labels import BranchLabel, DiagnosticGap, RolloutLabel
 
     store = LabelStore(tmp_path / "labels.json")
     store.label_branch(BranchLabel(str(parent), True, ["leak_used"]))
@@ -165,6 +174,37 @@ def test_label_store_round_trip(tmp_path, parent):
     assert len(again.branches) == 1 and len(again.rollouts) == 1 and again.gaps[0].engine_checks == ["leak_used"]
     cases = again.cases()
     assert [c.invalid for c in cases] == [True, True] and len(cases[0].rollouts) == 24
+
+
+
+def test_two_writers_of_one_label_store_keep_each_others_labels(tmp_path, parent):
+    """A loop's store and `gate --record` in another process: each loaded the file before the other
+    wrote; every change reloads under a lock, so neither overwrites the other's labels."""
+    import multiprocessing
+
+    path = tmp_path / "labels.json"
+    loop, cli = LabelStore(path), LabelStore(path)
+    loop.label_branch(BranchLabel(str(parent), True, ["leak_used"]))
+    cli.label_branch(BranchLabel(str(tmp_path / "other"), False))
+    cli.record_gap(DiagnosticGap(str(parent), "abc", ["leak_used"], {}, [], "extend validity"))
+    loop.label_rollouts([RolloutLabel(str(parent), "train", 0, True, "leak_used")])
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_label_many, args=(str(path), str(tmp_path / f"p{i}"), 20)) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    final = LabelStore(path)
+    assert {b.path for b in final.branches} == {str(parent), str(tmp_path / "other")} | {
+        str(tmp_path / f"p{i}" / str(j)) for i in range(2) for j in range(20)}
+    assert len(final.gaps) == 1 and len(final.rollouts) == 1
+
+
+def _label_many(path: str, prefix: str, n: int) -> None:
+    store = LabelStore(path)   # loaded once, as a long-lived writer would
+    for j in range(n):
+        store.label_branch(BranchLabel(f"{prefix}/{j}", j % 2 == 0))
 
 
 def test_backtest_command_exit_codes(parent, bonus, capsys):

@@ -183,18 +183,20 @@ def predict(candidate: Harness, parent_harness: Harness, v: CachedVersion) -> tu
         for side, h in ((before, parent_harness), (after, candidate)):
             side["heldout_spearman_reward_outcome"] = _spearman(h.reward(v.heldout, tasks), truth)
     # The harnesses' own metrics (engine numbers win a name clash: they cannot be gamed).
-    before = {**_metrics(parent_harness, old), **before}
-    after = {**_metrics(candidate, new), **after}
+    before = {**_parent_metrics(parent_harness, old), **before}
+    after = {**candidate.metrics(new, groups_new), **after}   # a candidate whose metrics hook fails is rejected
     numbers = {"groups": len(groups_old), "dead_groups_before": sum(dead_old), "dead_groups_after": sum(dead_new),
                "revived_groups": revived, "killed_groups": killed, "rollouts": len(old), "rewards_changed": changed,
                "heldout_rollouts": len(v.heldout)}
     return before, after, numbers
 
 
-def _metrics(h: Harness, rollouts: list[Rollout]) -> dict[str, float]:
+def _parent_metrics(h: Harness, rollouts: list[Rollout]) -> dict[str, float]:
+    """The parent's own metrics; the parent trained under its harness already, so a metrics hook of
+    its that fails here only loses its names from the comparison."""
     try:
         return h.metrics(rollouts, group_rollouts(rollouts))
-    except Exception:  # noqa: BLE001 - a metrics hook that fails only loses its own names
+    except Exception:  # noqa: BLE001 - see the docstring
         return {}
 
 

@@ -13,10 +13,12 @@ rather than copying rollouts.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,35 +78,46 @@ class LabelledCase:
 
 
 class LabelStore:
+    """Every change is a read-modify-write under a file lock, reloading first: a running loop and
+    ``evotrainer gate --record`` may write the same store, and neither may lose the other's labels."""
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.branches: list[BranchLabel] = []
-        self.rollouts: list[RolloutLabel] = []
-        self.gaps: list[DiagnosticGap] = []
-        if self.path.is_file():
-            d = json.loads(self.path.read_text())
-            self.branches = [BranchLabel(**x) for x in d.get("branches", [])]
-            self.rollouts = [RolloutLabel(**x) for x in d.get("rollouts", [])]
-            self.gaps = [DiagnosticGap(**x) for x in d.get("gaps", [])]
+        self.load()
+
+    def load(self) -> None:
+        d = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.branches: list[BranchLabel] = [BranchLabel(**x) for x in d.get("branches", [])]
+        self.rollouts: list[RolloutLabel] = [RolloutLabel(**x) for x in d.get("rollouts", [])]
+        self.gaps: list[DiagnosticGap] = [DiagnosticGap(**x) for x in d.get("gaps", [])]
 
     def save(self) -> None:
         d = {"branches": [asdict(x) for x in self.branches], "rollouts": [asdict(x) for x in self.rollouts],
              "gaps": [asdict(x) for x in self.gaps]}
         write_atomic(self.path, json.dumps(d, indent=2))
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file closes
+            self.load()
+            yield
+            self.save()
+
     def label_branch(self, label: BranchLabel) -> None:
         """Adds (or replaces: the latest verdict on a version wins) a branch label, and saves."""
-        self.branches = [b for b in self.branches if b.path != label.path] + [label]
-        self.save()
+        with self._locked():
+            self.branches = [b for b in self.branches if b.path != label.path] + [label]
 
     def label_rollouts(self, labels: Sequence[RolloutLabel]) -> None:
         keys = {(x.path, x.split, x.index) for x in labels}
-        self.rollouts = [x for x in self.rollouts if (x.path, x.split, x.index) not in keys] + list(labels)
-        self.save()
+        with self._locked():
+            self.rollouts = [x for x in self.rollouts if (x.path, x.split, x.index) not in keys] + list(labels)
 
     def record_gap(self, gap: DiagnosticGap) -> None:
-        self.gaps.append(gap)
-        self.save()
+        with self._locked():
+            self.gaps.append(gap)
 
     def cases(self, max_rollout_cases: int = 200) -> list[LabelledCase]:
         """Labels materialised from their version dirs (labels whose dir is gone are skipped). Every
