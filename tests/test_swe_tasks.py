@@ -89,6 +89,24 @@ def test_patch_apply_offsets_creation_deletion_and_errors():
         parse_patch("just prose")
 
 
+def test_no_hunk_line_is_dropped_silently():
+    files = {"m.py": "".join(f"{c} = {i}\n" for i, c in enumerate("abcdefghij", 1))}
+    # Hunks separated by a blank line (editors and models write them so): both apply.
+    two = ("--- a/m.py\n+++ b/m.py\n@@ -1,2 +1,2 @@\n-a = 1\n+a = 100\n b = 2\n\n"
+           "@@ -9,2 +9,2 @@\n i = 9\n-j = 10\n+j = 1000\n")
+    out, _ = apply_patch(files, two)
+    lines = out["m.py"].splitlines()
+    assert lines[0] == "a = 100" and lines[-1] == "j = 1000"
+    # A header that undercounts its hunk: the uncounted lines are an error naming the line, not dropped.
+    short = "--- a/m.py\n+++ b/m.py\n@@ -1,1 +1,1 @@\n-a = 1\n+a = 100\n-b = 2\n+b = 200\n"
+    with pytest.raises(PatchError, match=r"line 6: '-b = 2' follows the last hunk of m.py.*undercounts"):
+        apply_patch(files, short)
+    # Two files, the second's header right after the first's hunk: still two file patches.
+    both = {**files, "n.py": "x = 1\n"}
+    out, _ = apply_patch(both, two + "--- a/n.py\n+++ b/n.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n")
+    assert out["n.py"] == "x = 2\n" and out["m.py"].splitlines()[0] == "a = 100"
+
+
 def test_protected_paths_are_left_out():
     assert all(protected(p) for p in ("tests/test_a.py", "pkg/test_x.py", "conftest.py", "x/sitecustomize.py",
                                       "usercustomize.py", "evil.pth", "setup.cfg", "pytest.ini", "a_test.py"))

@@ -64,13 +64,13 @@ def parse_patch(text: str) -> list[FilePatch]:
     out: list[FilePatch] = []
     i = 0
     while i < len(lines):
-        if lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+        if _file_header(lines, i):
             fp = FilePatch(clean_path(lines[i][4:]), clean_path(lines[i + 1][4:]))
             if fp.old is None and fp.new is None:
                 raise PatchError(f"line {i + 1}: a file patch from /dev/null to /dev/null")
             out.append(fp)
             i += 2
-            while i < len(lines) and (m := HUNK_RE.match(lines[i])):
+            while (i := _next_hunk(lines, i)) < len(lines) and (m := HUNK_RE.match(lines[i])):
                 old_n = int(m.group(2) or 1)
                 new_n = int(m.group(4) or 1)
                 body: list[str] = []
@@ -91,11 +91,27 @@ def parse_patch(text: str) -> list[FilePatch]:
                 while i < len(lines) and lines[i].startswith("\\"):
                     i += 1
                 fp.hunks.append((int(m.group(1)), body))
+            if i < len(lines) and lines[i][:1] in "+-" and not _file_header(lines, i):
+                raise PatchError(f"line {i + 1}: {lines[i][:40]!r} follows the last hunk of {fp.path} but no hunk "
+                                 "counts it: its @@ header undercounts the hunk's lines")
             continue
         i += 1
     if not out:
         raise PatchError("no file patch found (expected ---/+++ headers and @@ hunks)")
     return out
+
+
+def _next_hunk(lines: list[str], i: int) -> int:
+    """The index of the next hunk header when only blank lines come before it (hunks separated by a
+    blank line, as editors and models often write them), else ``i``."""
+    j = i
+    while j < len(lines) and not lines[j].strip():
+        j += 1
+    return j if j < len(lines) and HUNK_RE.match(lines[j]) else i
+
+
+def _file_header(lines: list[str], i: int) -> bool:
+    return lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
 
 
 def _apply_hunks(path: str, text: str, hunks: list[tuple[int, list[str]]]) -> str:
