@@ -86,11 +86,29 @@ def test_a_failed_train_keeps_the_earlier_version_in_its_directory(tmp_path, cap
     (tmp_path / "broken.py").write_text(broken)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**base, "harness": str(tmp_path / "broken.py")}))
-    code = main(["train", str(bad)])
+    code = main(["train", str(bad), "--overwrite"])
     err = capsys.readouterr().err
     assert code == 1 and "ZeroDivisionError" in err and "Traceback" not in err
     after = snapshot(out)
     assert {k: v for k, v in after.items() if not k.startswith(".partial")} == before
+
+
+def test_train_into_a_trained_version_is_refused_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "v"
+    base = {**tiny_cfg(out), "train": {"steps": 1, "prompts_per_step": 2, "eval_max_new_tokens": 4}}
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump(base))
+    assert main(["train", str(cfg)]) == 0
+    before = snapshot(out)
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a trained version already" in err and "--overwrite" in err and "Traceback" not in err
+    assert snapshot(out) == before                      # nothing recorded was touched
+    cfg.write_text(yaml.safe_dump({**base, "train": {**base["train"], "steps": 2}}))
+    assert main(["train", str(cfg), "--overwrite"]) == 0
+    assert "replacing the version" in capsys.readouterr().out
+    assert len((out / "steps.jsonl").read_text().splitlines()) == 2     # the new version, whole
+    assert not (out / ".partial").exists() and json.loads((out / "meta.json").read_text())["metrics"]["steps"] == 2
 
 
 def test_a_run_without_its_state_is_refused_not_restarted(tmp_path, capsys):

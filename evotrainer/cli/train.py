@@ -38,7 +38,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(" ".join(f"{_fmt(m.get(c, float('nan'))):>11}" for c in columns), flush=True)
 
     result = train_branch(cfg, on_step=on_step, on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-                          validate=False)
+                          validate=False, overwrite=args.overwrite)
     table = Table(title=f"held-out accuracy ({cfg.domain.name})")
     table.add_column("before")
     table.add_column("after")
@@ -53,4 +53,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="YAML config file")
     p.add_argument("--steps", type=number(int, 0), help="override train.steps")
     p.add_argument("--run-dir", help="override run_dir (the version directory written)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the trained version in the directory (once the new training succeeded)")
     p.set_defaults(func=cmd_train)

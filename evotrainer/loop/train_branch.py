@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,19 +43,23 @@ class TrainResult:
 
 
 def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None = None,
-                 on_event: Callable[[str], None] | None = None, validate: bool = True) -> TrainResult:
+                 on_event: Callable[[str], None] | None = None, validate: bool = True,
+                 overwrite: bool = False) -> TrainResult:
     """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir.
-    ``validate=False``: the caller has run ``validate_resources`` already."""
+    ``validate=False``: the caller has run ``validate_resources`` already. A directory that holds a
+    trained version is refused unless ``overwrite`` (then it is replaced once this training succeeded)."""
     say = on_event or (lambda msg: None)
     if validate:   # before any compute, and before the directory is touched
         validate_resources(cfg, loop=False, say=say)
     program = seed_program(cfg)
     domain = build_domain(cfg.domain)
     out = VersionDir(cfg.run_dir)
-    # Only a version directory (or a new or empty one) is written, by one process at a time; an
-    # earlier version there is replaced only once this training has succeeded.
+    # Only a version directory (or a new or empty one) is written, by one process at a time.
     rundir.claim(out.path, "version")
     with rundir.acquire(out.path, "evotrainer train"), Harness(program, sandbox=cfg.sandbox) as harness:
+        if (out.path / "meta.json").is_file() and not overwrite:
+            raise rundir.RunDirError(f"{out.path} holds a trained version already (meta.json): train into a new "
+                                     "--run-dir, or pass --overwrite to replace it once the new training succeeded")
         grpo = grpo_config(harness, cfg.grpo.model_dump())
         say(f"loading {cfg.model}")
         engine_name, why = resolve_engine(cfg)
@@ -95,19 +100,34 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         after = verify(engine, domain, heldout, branch, **ev)
 
         acc_before, acc_after = heldout_accuracy(before), heldout_accuracy(after)
-        shutil.rmtree(out.adapter_dir, ignore_errors=True)   # no file of an earlier adapter survives
-        policy.save(branch, out.adapter_dir)
-        write_atomic(out.path / "steps.jsonl", "".join(json.dumps(m) + "\n" for m in steps))
-        shutil.rmtree(partial.path, ignore_errors=True)
-        out.save_genome(program.source)
-        out.save_rollouts("train", all_rollouts)
-        out.save_rollouts("heldout", after)
-        out.save_rollouts("heldout_base", before)
-        out.save_engine_violations(violations)
+        # The whole new version is written beside the old one first, then moved in with its meta
+        # last: a process killed while moving leaves no meta.json, never an old meta over new weights.
+        policy.save(branch, partial.adapter_dir)
+        write_atomic(partial.path / "steps.jsonl", "".join(json.dumps(m) + "\n" for m in steps))
+        partial.save_genome(program.source)
+        partial.save_rollouts("train", all_rollouts)
+        partial.save_rollouts("heldout", after)
+        partial.save_rollouts("heldout_base", before)
+        partial.save_engine_violations(violations)
+        write_atomic(partial.path / "config.json", cfg.model_dump_json(indent=2))
         summary = {"heldout_accuracy": acc_after, "heldout_accuracy_before": acc_before,
                    "train_reward_mean": mean([s.get("reward_mean", math.nan) for s in steps[-3:]]),
                    "steps": float(len(steps))}
-        out.save_meta(BranchVersion(id=branch, base_model=cfg.model, genome_hash=program.hash, parents=["base"],
-                                    metrics=summary))
-        write_atomic(out.path / "config.json", cfg.model_dump_json(indent=2))
+        partial.save_meta(BranchVersion(id=branch, base_model=cfg.model, genome_hash=program.hash, parents=["base"],
+                                        metrics=summary))
+        if (out.path / "meta.json").is_file():
+            say(f"replacing the version in {out.path} (--overwrite)")
+        _move_in(partial.path, out.path)
     return TrainResult(out.path, acc_before, acc_after, steps)
+
+
+def _move_in(partial: Path, out: Path) -> None:
+    """Moves every entry of ``partial`` into ``out`` (replacing what is there), meta.json last."""
+    (out / "meta.json").unlink(missing_ok=True)
+    names = sorted(p.name for p in partial.iterdir())
+    for name in [n for n in names if n != "meta.json"] + ["meta.json"]:
+        target = out / name
+        if target.is_dir():
+            shutil.rmtree(target)   # no file of an earlier adapter (or rollouts folder) survives
+        os.replace(partial / name, target)
+    shutil.rmtree(partial, ignore_errors=True)
