@@ -343,7 +343,7 @@ class Experiment:
 
     @functools.cached_property
     def tracker(self) -> LineageTracker:
-        return LineageTracker(self.run_dir)
+        return LineageTracker(self.run_dir, say=self.say)
 
     def record(self, vid: str) -> None:
         """MLflow run of a version (idempotent: keyed by version id, so resume makes no duplicates)."""

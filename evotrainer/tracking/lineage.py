@@ -28,10 +28,11 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evotrainer.records.version import BranchVersion, VersionDir
 from evotrainer.tracking.plots import fitness_plot, genealogy_plot, load_versions
+from evotrainer.tracking.store import ensure_sqlite_store
 from evotrainer.tracking.view import (KIND, KIND_TAG, NOTE, VIEW_TAG, experiment_description, run_description,
                                       run_name, table_view)
 from evotrainer.tracking.view import experiment_name as view_experiment_name
@@ -76,7 +77,8 @@ def _number(x: Any) -> float | None:
 
 
 class LineageTracker:
-    def __init__(self, run_dir: str | Path, experiment_name: str | None = None, tracking_uri: str | None = None):
+    def __init__(self, run_dir: str | Path, experiment_name: str | None = None, tracking_uri: str | None = None,
+                 say: Callable[[str], None] = lambda msg: None):
         # mlflow takes seconds to import: only when a run is recorded
         from mlflow import MlflowClient
 
@@ -85,6 +87,8 @@ class LineageTracker:
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if tracking_uri is None:
+            ensure_sqlite_store(self.run_dir / "mlflow.db", say)
         self.tracking_uri = tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
         self.experiment_name = experiment_name or view_experiment_name(self.run_dir)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
