@@ -225,6 +225,34 @@ def test_backtest_command_exit_codes(parent, bonus, capsys):
     assert run("backtest", str(bonus), "--on", "/nonexistent") == 2
 
 
+@pytest.mark.parametrize("content, needle", [
+    ('{"mine": "keep me"}', "is not a label store"), ("[1, 2]", "is not a label store"),
+    ("{not json", "is not valid JSON"), ('{"branches": [{"nope": 1}]}', "holds a record that is not a label"),
+])
+def test_a_file_that_is_not_a_label_store_is_refused_and_never_rewritten(tmp_path, parent, content, needle, capsys):
+    from evotrainer.cli.app import main
+    from evotrainer.fitness.labels import LabelStoreError
+
+    path = tmp_path / "mine.json"
+    path.write_text(content)
+    with pytest.raises(LabelStoreError, match=needle):
+        LabelStore(path)
+    assert main(["gate", str(parent), "--record", "--labels", str(path)]) == 2
+    said = capsys.readouterr()
+    assert needle in " ".join((said.out + said.err).split()) and "Traceback" not in said.err
+    assert path.read_text() == content
+
+
+def test_labels_that_name_no_file_are_an_error_not_ignored(tmp_path, parent, bonus, capsys):
+    from evotrainer.cli.app import main
+
+    assert main(["backtest", str(bonus), "--on", str(parent), "--labels", str(tmp_path / "missing.json")]) == 2
+    said = capsys.readouterr()
+    assert "missing.json does not exist" in " ".join((said.out + said.err).split())
+    assert main(["gate", str(parent), "--record", "--labels", str(tmp_path)]) == 2   # a directory
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []      # no stray temporary file
+
+
 def test_rollout_cases_are_capped_and_balanced(tmp_path, parent):
     from evotrainer.fitness.labels import RolloutLabel
 

@@ -9,6 +9,7 @@ import pytest
 
 from evotrainer.loop.skills import (
     SkillLibrary,
+    SkillLibraryError,
     derive_trigger,
     normalise_diff,
     report_metrics,
@@ -156,3 +157,33 @@ def test_skills_command(tmp_path, monkeypatch):
     out = run_commands.console.export_text()
     assert "skill-" in out and "dead_group_ratio >= 0.3" in out and "candidate" in out
     assert "user library (0 skills)" in out
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('[{"id": "x"}]', "expected"),
+    ('{"skills": "abc"}', "not a list"),
+    ('{"format": 2, "my_notes": "keep me", "skillz": []}', "unknown fields"),
+    ('{"format": 1, "skills": [{"factor": "knob:temperature"}]}', "skill 0 is not a skill record"),
+    ('{"format": 1, "skills": [{"id": "s1"}]}', "skill 0 is not a skill record"),
+    ("\udcff".encode("utf-8", "surrogateescape").decode("latin-1"), "not valid JSON"),
+])
+def test_a_file_that_is_not_a_skill_library_is_refused_and_never_rewritten(tmp_path, monkeypatch, capsys,
+                                                                           content, needle):
+    from evotrainer.cli.app import main
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    path = user_library_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(content, encoding="latin-1")
+    before = path.read_bytes()
+    with pytest.raises(SkillLibraryError, match=needle):
+        SkillLibrary.user()
+    run = SkillLibrary(tmp_path / "run" / "skills.json")
+    run.record_confirmed(INTERVENTION, decision("v002"), "math", {"dead_group_ratio": 0.8})
+    with pytest.raises(SkillLibraryError):
+        run.merge_into(SkillLibrary.user())
+    assert main(["skills"]) == 2
+    said = capsys.readouterr()
+    err = " ".join((said.out + said.err).split())
+    assert "skill library" in err and "nothing was changed" in err and "Traceback" not in err
+    assert path.read_bytes() == before

@@ -25,6 +25,8 @@ USER_ERRORS = {
     "evotrainer.genome.errors": ("GenomeError",),
     "evotrainer.domains.math.loaders": ("TaskFormatError",),
     "evotrainer.policy.base_model": ("ModelNotFoundError",),
+    "evotrainer.loop.skills": ("SkillLibraryError",),
+    "evotrainer.fitness.labels": ("LabelStoreError",),
 }
 
 

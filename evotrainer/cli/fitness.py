@@ -23,6 +23,8 @@ def _labels(path: str | None, version_dir: str, create: bool = False):
     from evotrainer.fitness.labels import LabelStore
 
     if path:
+        if not create and not Path(path).is_file():   # read-only use: a file that is not there is a typo
+            raise FileNotFoundError(f"--labels {path} does not exist (backtest reads labelled history from it)")
         return LabelStore(path)
     here = Path(version_dir).resolve().parent
     # A loop run keeps its labels at RUN_DIR/labels.json and versions under RUN_DIR/versions/.

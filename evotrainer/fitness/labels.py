@@ -77,6 +77,10 @@ class LabelledCase:
     reason: str = ""
 
 
+class LabelStoreError(ValueError):
+    """A labels file that is not a label store (the message names it and says nothing changed)."""
+
+
 class LabelStore:
     """Every change is a read-modify-write under a file lock, reloading first: a running loop and
     ``evotrainer gate --record`` may write the same store, and neither may lose the other's labels."""
@@ -86,10 +90,25 @@ class LabelStore:
         self.load()
 
     def load(self) -> None:
-        d = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        self.branches: list[BranchLabel] = [BranchLabel(**x) for x in d.get("branches", [])]
-        self.rollouts: list[RolloutLabel] = [RolloutLabel(**x) for x in d.get("rollouts", [])]
-        self.gaps: list[DiagnosticGap] = [DiagnosticGap(**x) for x in d.get("gaps", [])]
+        """Reads the store; a file that is not one is refused (and so never rewritten)."""
+        if self.path.exists() and not self.path.is_file():
+            raise LabelStoreError(f"labels file {self.path} is a directory; name a JSON file")
+        fix = "nothing was changed; name another file, or fix or move this one aside"
+        try:
+            d = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        except (ValueError, UnicodeDecodeError) as e:
+            raise LabelStoreError(f"labels file {self.path} is not valid JSON ({e}); {fix}") from None
+        kinds = {"branches": BranchLabel, "rollouts": RolloutLabel, "gaps": DiagnosticGap}
+        if not isinstance(d, dict) or set(d) - set(kinds) or not all(isinstance(d.get(k, []), list) for k in kinds):
+            raise LabelStoreError(f"labels file {self.path} is not a label store (expected an object of lists "
+                                  f"{', '.join(kinds)}); {fix}")
+        try:
+            parsed = {k: [cls(**x) for x in d.get(k, [])] for k, cls in kinds.items()}
+        except TypeError as e:
+            raise LabelStoreError(f"labels file {self.path} holds a record that is not a label ({e}); {fix}") from None
+        self.branches: list[BranchLabel] = parsed["branches"]
+        self.rollouts: list[RolloutLabel] = parsed["rollouts"]
+        self.gaps: list[DiagnosticGap] = parsed["gaps"]
 
     def save(self) -> None:
         d = {"branches": [asdict(x) for x in self.branches], "rollouts": [asdict(x) for x in self.rollouts],

@@ -38,6 +38,10 @@ DECREASING = {"<", "<=", "delta<"}        # expected effects that push their met
 FORMAT = 1
 
 
+class SkillLibraryError(ValueError):
+    """A skill library file that is not one (the message names the file and says nothing changed)."""
+
+
 def user_library_path() -> Path:
     return Path(os.environ.get("EVOTRAINER_HOME") or "~/.evotrainer").expanduser() / "skills.json"
 
@@ -199,11 +203,30 @@ class SkillLibrary:
         if not self.path.is_file():
             self.skills = {}
             return
+        # Never drop a library others wrote into: anything but the shape save() writes is refused
+        # before a line of it is overwritten.
+        fix = "nothing was changed; fix the file or move it aside"
         try:
-            data = json.loads(self.path.read_text())
-        except json.JSONDecodeError as e:   # never silently drop a library others wrote into
-            raise ValueError(f"skill library {self.path} is not valid JSON: {e}") from e
-        self.skills = {d["id"]: Skill.from_dict(d) for d in data.get("skills", [])}
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SkillLibraryError(f"skill library {self.path} is not valid JSON ({e}); {fix}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("skills", []), list):
+            got = type(data).__name__ if not isinstance(data, dict) else "skills that are not a list"
+            raise SkillLibraryError(f"skill library {self.path}: expected {{\"format\": {FORMAT}, \"skills\": [...]}}, "
+                                    f"got {got}; {fix}")
+        unknown = sorted(set(data) - {"format", "validate_after", "skills"})
+        if unknown or not isinstance(data.get("format", FORMAT), int) or data.get("format", FORMAT) > FORMAT:
+            raise SkillLibraryError(f"skill library {self.path}: format {data.get('format')!r}"
+                                    + (f" with unknown fields {unknown}" if unknown else "")
+                                    + f" is not one this version of evotrainer writes (format {FORMAT}); {fix}")
+        skills = {}
+        for i, d in enumerate(data.get("skills", [])):
+            try:
+                skills[d["id"]] = Skill.from_dict(d)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise SkillLibraryError(f"skill library {self.path}: skill {i} is not a skill record "
+                                        f"({type(e).__name__}: {e}); {fix}") from None
+        self.skills = skills
         for s in self.skills.values():
             s.refresh(self.validate_after)
 
