@@ -100,3 +100,22 @@ def test_a_grpo_override_nothing_would_read_is_refused(tmp_path):
         validate_resources(c, loop=False)
     c.grpo.scale_rewards, c.grpo.learning_rate = None, 3e-4   # a trainer setting: read by GRPOConfig
     validate_resources(c, loop=False)
+
+
+def test_a_local_llm_operator_model_this_machine_lacks_is_refused_before_compute(tmp_path):
+    c = cfg(tmp_path)
+    c.evolution.operators = {"llm_choice": 1.0}
+    c.evolution.llm.model = "no-such-model"
+    with pytest.raises(ConfigError, match=r"field 'evolution.llm.model': 'no-such-model' is not a local model"):
+        validate_resources(c, loop=True)
+    c.evolution.llm.base_url = "http://127.0.0.1:9/v1"   # a server names its own models: not checked here
+    validate_resources(c, loop=True)
+    c.evolution.llm.base_url, c.evolution.operators = None, {"knobs": 1.0}   # no LLM operator drawn
+    validate_resources(c, loop=True)
+
+
+def test_empty_lora_targets_are_refused_before_the_model_loads(tmp_path):
+    c = cfg(tmp_path)
+    c.lora.target_modules = []
+    with pytest.raises(ConfigError, match=r"field 'lora.target_modules': empty"):
+        validate_resources(c, loop=False)

@@ -119,6 +119,22 @@ def _operators(cfg: Config) -> None:
                           f"known operators: {', '.join(known)}")
     if weights and cfg.evolution.children_per_generation and not any(w > 0 for w in weights.values()):
         raise ConfigError("field 'evolution.operators': every weight is 0; give at least one operator a weight > 0")
+    _local_llm(cfg, weights)
+
+
+def _local_llm(cfg: Config, weights: dict[str, float]) -> None:
+    """An LLM operator without a server runs ``evolution.llm.model`` locally: it must be a model this
+    machine has (found at the first proposal, after a generation's training, it used to reject every
+    proposal of the run with ModelNotFoundError)."""
+    from evotrainer.policy.base_model import EMBEDDED, TINY  # the training stack: validation loads it below anyway
+
+    llm = cfg.evolution.llm
+    if llm.base_url or not any(w > 0 and n.startswith("llm_") for n, w in weights.items()):
+        return
+    if llm.model not in (EMBEDDED, TINY) and not (Path(llm.model).expanduser() / "config.json").is_file():
+        raise ConfigError(f"field 'evolution.llm.model': {llm.model!r} is not a local model ({EMBEDDED}, {TINY} or a "
+                          "Hugging Face model folder with config.json), and evolution.llm.base_url is not set; name a "
+                          "local model, or set base_url to an OpenAI-compatible server that serves it")
 
 
 def _domain(cfg: Config) -> list[Task]:
@@ -191,6 +207,8 @@ def _model_and_lora(cfg: Config) -> None:
         raise ConfigError(f"field 'model': {cfg.model!r}: {e}") from None
     with torch.device("meta"):
         names = [n for n, _ in AutoModelForCausalLM.from_config(arch).named_modules() if n]
+    if not cfg.lora.target_modules:
+        raise ConfigError("field 'lora.target_modules': empty; name at least one module (e.g. q_proj) or 'all-linear'")
     missing = [t for t in cfg.lora.target_modules
                if t != "all-linear" and not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
