@@ -65,6 +65,11 @@ def garbage(tmp: Path) -> Path:
     return tmp / "junk"
 
 
+def binary(tmp: Path, name: str) -> Path:
+    (tmp / name).write_bytes(b"\xff\xfe\x00garbage")
+    return tmp / name
+
+
 def jsonl(tmp: Path, text: str) -> dict:
     (tmp / "train.jsonl").write_text(text)
     return {"train": str(tmp / "train.jsonl")}
@@ -116,6 +121,11 @@ CASES = {
     "genome run negative timeout": (lambda t: ["genome", "run", REFERENCE, "--hook", "reward", "--timeout", "-5"],
                                     2, "timeout"),
     "status zero events": (lambda t: ["status", t, "--events", "0"], 2, "events"),
+    "train a binary config": (lambda t: ["train", binary(t, "cfg.yaml")], 2, "not a UTF-8 text file"),
+    "train a binary harness": (lambda t: ["train", train_cfg(t, harness=str(binary(t, "h.py")))], 2,
+                               "not a UTF-8 text file"),
+    "genome run binary rollouts": (lambda t: ["genome", "run", REFERENCE, "--hook", "reward", "--rollouts",
+                                              binary(t, "r.jsonl")], 1, "r.jsonl:1: not UTF-8"),
 }
 
 

@@ -27,6 +27,7 @@ USER_ERRORS = {
     "evotrainer.policy.base_model": ("ModelNotFoundError",),
     "evotrainer.loop.skills": ("SkillLibraryError",),
     "evotrainer.fitness.labels": ("LabelStoreError",),
+    "evotrainer.records.rollout": ("RolloutFileError",),
 }
 
 

@@ -58,7 +58,11 @@ class HarnessProgram:
     @classmethod
     def from_file(cls, path: str | Path) -> HarnessProgram:
         path = Path(path)
-        return cls(path.read_text(encoding="utf-8"), name=path.name)
+        try:
+            return cls(path.read_text(encoding="utf-8"), name=path.name)
+        except UnicodeDecodeError as e:
+            raise ContractError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start}); a harness is "
+                                "Python source") from None
 
     # ---- parsing -------------------------------------------------------------------------
     @cached_property

@@ -122,13 +122,21 @@ def load_rollouts(path: str | Path) -> list[Rollout]:
     return list(iter_rollouts(path))
 
 
+class RolloutFileError(ValueError):
+    """A rollouts file with a line that is not a rollout record (the message names file and line)."""
+
+
 def iter_rollouts(path: str | Path) -> Iterator[Rollout]:
     path = Path(path)
     with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield Rollout.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: not a rollout record ({e})") from e
+        lineno = 0
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield Rollout.from_dict(json.loads(line))
+                except (json.JSONDecodeError, TypeError) as e:
+                    raise RolloutFileError(f"{path}:{lineno}: not a rollout record ({e})") from e
+        except UnicodeDecodeError as e:
+            raise RolloutFileError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason}); rollouts are JSON lines") from None
