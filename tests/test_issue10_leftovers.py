@@ -29,6 +29,23 @@ def test_mutate_names_a_garbled_evidence_file(tmp_path):
     assert r.returncode == 2 and str(listed) in r.stderr and "JSON object" in r.stderr and "list" in r.stderr
 
 
+@pytest.mark.parametrize("content, needle", [
+    ('{"metrics": "x"}', "field 'metrics' must be an object of numbers"),
+    ('{"metrics": {"dead_group_ratio": "high"}}', "field 'metrics' must be an object of numbers"),
+    ('{"alerts": 5}', "field 'alerts' must be a list"),
+    ('{"health_report": {}, "skills": 5}', "field 'skills' must be a list of objects"),
+    ('{"health_report": {}, "history": "x"}', "field 'history' must be a list of objects"),
+    ('{"health_report": {}, "known_hashes": 5}', "field 'known_hashes' must be a list"),
+    ('{"health_report": 5}', "field 'health_report' must be an object"),
+])
+def test_mutate_names_an_evidence_field_of_the_wrong_type(tmp_path, content, needle):
+    bad = tmp_path / "ev.json"
+    bad.write_text(content)
+    r = cli(["mutate", REFERENCE, "--operator", "library", "--evidence", bad], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-1500:]
+    assert str(bad) in r.stderr and needle in r.stderr, r.stderr
+
+
 def test_empty_config_defaults_fit_the_generator():
     from evotrainer.loop.validate import validate_resources
 

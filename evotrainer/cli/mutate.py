@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from evotrainer.cli.errors import number
 from evotrainer.config import ConfigError
@@ -62,7 +63,33 @@ def read_evidence(path: str) -> Evidence:
     if not isinstance(data, dict):
         raise ConfigError(f"--evidence {path}: expected a JSON object (a health report, or "
                           f"{{health_report, skills, history, known_hashes}}), got a {type(data).__name__}")
+    wrapped = "health_report" in data or bool({"skills", "history", "known_hashes", "gaps"} & data.keys())
+    report = data.get("health_report") if wrapped else data
+    problems = _shape_problems(report, data if wrapped else {})
+    if problems:
+        raise ConfigError(f"--evidence {path}: " + "; ".join(problems))
     return Evidence.from_dict(data)
+
+
+def _shape_problems(report: Any, outer: dict[str, Any]) -> list[str]:
+    """What in an evidence file has the wrong type (operators would fail on it with a raw error)."""
+    out = []
+    if report is not None and not isinstance(report, dict):
+        return [f"field 'health_report' must be an object (a health report), got {type(report).__name__}"]
+    report = report or {}
+    metrics = report.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(v is None or isinstance(v, (int, float)) for v in metrics.values()):
+        out.append("field 'metrics' must be an object of numbers (metric name -> value)")
+    for key in ("alerts", "findings"):
+        if key in report and not isinstance(report[key], list):
+            out.append(f"field {key!r} must be a list")
+    for key in ("skills", "history", "gaps"):
+        if key in outer and not (isinstance(outer[key], list) and all(isinstance(x, dict) for x in outer[key])):
+            out.append(f"field {key!r} must be a list of objects")
+    if "known_hashes" in outer and not (isinstance(outer["known_hashes"], list)
+                                        and all(isinstance(x, str) for x in outer["known_hashes"])):
+        out.append("field 'known_hashes' must be a list of genome hashes (strings)")
+    return out
 
 
 def run_mutate(args: argparse.Namespace) -> int:
