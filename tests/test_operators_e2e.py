@@ -4,7 +4,7 @@ an applied Intervention or a rejection with a reason (counted), never a crash.""
 
 import pytest
 
-from evotrainer.genome import check_contract, factors_changed, reference_program
+from evotrainer.genome import HarnessProgram, check_contract, factors_changed, reference_program
 from evotrainer.operators import REJECTION_KINDS, Evidence, OperatorError, get_operator, run_operator
 from evotrainer.operators.llm_client import LocalClient, TokenBudget
 
@@ -48,3 +48,55 @@ def test_local_llm_diff_is_applied_or_rejected_with_a_reason():
     with pytest.raises(OperatorError) as err:
         op.propose([parent], Evidence(health_report=REPORT))
     assert err.value.kind == "budget"
+
+
+@pytest.mark.parametrize("name", ["llm_rewrite", "llm_crossover", "llm_repair"])
+def test_every_free_form_llm_operator_runs_on_a_real_local_model(name):
+    """The tiny random model through the real LocalClient (its replies are noise): each operator asks
+    the model, spends and counts its tokens, and ends in an applied child or a counted rejection."""
+    parent = reference_program()
+    budget = TokenBudget(max_calls=1)
+    client = LocalClient("tiny-random", greedy=True, budget=budget, threads=1)
+    op = get_operator(name, client=client, max_tokens=32, temperature=0.0)
+    other = HarnessProgram(parent.source.replace('"temperature": {"value": 1.0', '"temperature": {"value": 0.7'))
+    assert other.source != parent.source
+    parents = [parent, other] if name == "llm_crossover" else [parent]
+    evidence = Evidence(health_report=REPORT)
+    if name == "llm_repair":
+        evidence.failed_source = parent.source.replace("def reward(rollouts, tasks):", "def reward(rollouts, tasks)")
+        evidence.failure = "syntax error at line 60: expected ':'"
+    stats = {}
+    try:
+        iv = run_operator(op, parents, evidence, stats, name=name)
+    except OperatorError as err:
+        assert err.kind in REJECTION_KINDS and err.reason
+        assert sum(stats[name].rejections.values()) == 1
+    else:
+        check_contract(iv.child())
+        assert stats[name].accepted == 1
+    assert stats[name].prompt_tokens > 100 and 0 < stats[name].completion_tokens <= 32
+    assert budget.calls == 1 and budget.tokens == stats[name].prompt_tokens + stats[name].completion_tokens
+
+
+def test_a_loop_whose_every_proposal_is_rejected_says_so_at_the_end(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from evotrainer.config import parse_config
+    from evotrainer.loop.experiment import Experiment
+    from test_experiment import tiny_cfg
+
+    cfg = tiny_cfg(tmp_path / "run", operators={"llm_diff": 1.0}, generations=2, children_per_generation=1,
+                   llm={"model": "tiny-random", "max_tokens": 16})
+    exp = Experiment(parse_config(cfg))
+    try:
+        exp.run()
+        out = io.StringIO()
+        exp.print_summary(Console(file=out, width=300))
+    finally:
+        exp.close()
+    rejected = [h for h in exp.state.history if h.get("outcome") == "operator_rejected"]
+    assert rejected and not any(exp.vdir(v).meta().operator for v in exp.versions())
+    assert f"no child was made: all {len(rejected)} proposal(s) were rejected by their operators" in out.getvalue()
+    assert sum("llm_diff proposal for v0000 rejected" in e for e in exp.state.events) >= 1

@@ -64,6 +64,13 @@ def print_summary(exp: Experiment, console: Console | None = None) -> None:
     if judged:
         console.print("hypotheses judged after training: " + ", ".join(
             f"{judged.count(v)} {v}" for v in ("confirmed", "refuted", "untestable") if judged.count(v)))
+    rejected = sum(1 for h in s.history if h.get("outcome") == "operator_rejected")
+    children = sum(1 for v in exp.versions() if exp.vdir(v).meta().operator is not None)
+    if rejected and not children:
+        console.print(f"[yellow]no child was made: all {rejected} proposal(s) were rejected by their operators; "
+                      f"their reasons are in the event log (evotrainer status {exp.run_dir} --events 50)[/yellow]")
+    elif rejected:
+        console.print(f"proposals: {children} child(ren) made, {rejected} rejected by their operators")
     used = s.budget_used
     console.print(f"status: {s.status}" + (f" ({s.stop_reason})" if s.stop_reason else "")
                   + f"; train steps {used.get('train_steps', 0):.0f}, rollout tokens "
