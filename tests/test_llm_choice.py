@@ -106,7 +106,7 @@ def test_server_gets_the_schema_as_structured_output_and_replies_become_interven
     with ChatServer([("ok", reply)]) as srv:
         op = get_operator("llm_choice", client=OpenAIClient(srv.url, "m", max_retries=0))
         iv = op.propose([reference()], Evidence(health_report=REPORT))
-        guided = OpenAIClient(srv.url, "m", max_retries=0, structured_output="guided_json")
+        guided = OpenAIClient(srv.url, "m", max_retries=0, structured_output="structured_outputs")
         guided.complete([{"role": "user", "content": "x"}], json_schema=schema)
         OpenAIClient(srv.url, "m", max_retries=0, structured_output=None).complete(
             [{"role": "user", "content": "x"}], json_schema=schema)
@@ -119,8 +119,8 @@ def test_server_gets_the_schema_as_structured_output_and_replies_become_interven
     assert "temperature = 1.0 in [0.3, 1.5]" in prompt
     sent = bodies[0]["response_format"]
     assert sent["type"] == "json_schema" and conforms(json.loads(reply), sent["json_schema"]["schema"])
-    assert bodies[1]["guided_json"] == schema and "response_format" not in bodies[1]
-    assert "guided_json" not in bodies[2] and "response_format" not in bodies[2]
+    assert bodies[1]["structured_outputs"] == {"json": schema} and "response_format" not in bodies[1]
+    assert "structured_outputs" not in bodies[2] and "response_format" not in bodies[2]
     with pytest.raises(ValueError, match="unknown structured_output"):
         OpenAIClient(srv.url, "m", structured_output="grammar")
 

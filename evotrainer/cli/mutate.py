@@ -39,9 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--failure", help="llm_repair: the error text it failed with")
     p.add_argument("--llm-url", help="OpenAI-compatible server URL (default: the local base model)")
     p.add_argument("--llm-model", help="model name on the server, or a local model spec/folder")
-    p.add_argument("--structured-output", choices=("json_schema", "guided_json", "none"), default="json_schema",
+    p.add_argument("--structured-output", choices=("json_schema", "structured_outputs", "none"), default="json_schema",
                    help="how a server is asked to follow llm_choice's reply schema: response_format json_schema "
-                        "(default), vLLM's guided_json, or none (the prompt alone asks for JSON)")
+                        "(default), vLLM's structured_outputs field, or none (the prompt alone asks for JSON)")
     p.add_argument("--max-tokens", type=number(int, 16, 32768), default=1024, help="LLM completion tokens (default 1024)")
     p.add_argument("--temperature", type=number(float, 0), default=0.7)
     p.add_argument("--timeout", type=number(float, 0, 7200, low_open=True), default=300.0,

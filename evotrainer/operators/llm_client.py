@@ -151,11 +151,13 @@ class _Accounting:
 # How an OpenAI-compatible server is asked to follow a reply's JSON schema:
 #   "json_schema": ``response_format={"type": "json_schema", ...}`` (OpenAI's structured outputs; vLLM,
 #                  SGLang and llama.cpp's server accept it too);
-#   "guided_json": vLLM's older ``guided_json`` request field (in ``extra_body``);
+#   "structured_outputs": vLLM's own request field, ``structured_outputs={"json": schema}`` (in
+#                  ``extra_body``; vLLM >= 0.12, which dropped ``guided_json`` and answers a request that
+#                  still sends it unconstrained, with HTTP 200 and no error: so it is not offered);
 #   None: not at all: the prompt alone asks for the JSON, and the operator checks the reply.
 # The schemas ``llm_choice`` sends are an ``anyOf`` of objects at the root, which vLLM, SGLang and
 # llama.cpp accept; OpenAI's hosted strict mode wants an object at the root and may refuse them.
-STRUCTURED_OUTPUT = ("json_schema", "guided_json", None)
+STRUCTURED_OUTPUT = ("json_schema", "structured_outputs", None)
 
 
 class OpenAIClient(_Accounting):
@@ -254,8 +256,8 @@ class OpenAIClient(_Accounting):
         out: dict[str, Any] = {}
         if json_schema is not None and self.structured_output == "json_schema":
             out["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": json_schema}}
-        elif json_schema is not None and self.structured_output == "guided_json":
-            extra["guided_json"] = json_schema
+        elif json_schema is not None and self.structured_output == "structured_outputs":
+            extra["structured_outputs"] = {"json": json_schema}
         return {**out, **({"extra_body": extra} if extra else {})}
 
     def complete(self, messages: list[Message], max_tokens: int = 1024, temperature: float = 0.7,
