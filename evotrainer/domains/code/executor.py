@@ -277,8 +277,10 @@ class CodeExecutor:
                 self._all.remove(worker)
                 worker = _Worker(self.limits, self._ids)
                 self._all.append(worker)
-            result = ExecResult([{"verdict": "worker_died", "error": str(e)} for _ in program.tests],
-                                ["worker_died: " + str(e)])
+            # A verdict, not a tamper flag: a worker killed for hanging under load (or lost to the
+            # machine) says nothing of gaming, and one flag makes the branch invalid (grader_gaming).
+            # What a program does to its worker on purpose is flagged by the guard before it can act.
+            result = ExecResult([{"verdict": "worker_died", "error": str(e)} for _ in program.tests], [])
         self._idle.put(worker)
         return result
 
