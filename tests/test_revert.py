@@ -198,3 +198,20 @@ def test_choosing_on_one_draw_and_testing_on_another_keeps_the_revert_rule_at_it
                               [Side(a, gate[a].mean()) for a in ancestors], gate_rollouts, cfg) is not None
     assert separate / reps <= 0.10, separate / reps
     assert same / reps >= 0.13 and same > 2 * separate, (same / reps, separate / reps)
+
+
+def test_a_revert_check_that_cannot_pair_says_so():
+    """An ancestor verified on other tasks cannot be compared with: no revert, and the log says why
+    (the check used to be skipped without a word)."""
+    from evotrainer.fitness.gate_config import GateConfig
+    from evotrainer.loop.revert import Side, choose_revert
+
+    def rollouts(prefix):
+        return [Rollout(task_id=f"{prefix}{i}", messages=[], completion="", split="heldout", hidden={"correct": True})
+                for i in range(8)]
+
+    said = []
+    got = choose_revert(Side("v0002", 0.1), [Side("v0001", 0.9)], lambda v: rollouts("a" if v == "v0001" else "b"),
+                        GateConfig(level=0.9, n_resamples=200), said.append)
+    assert got is None
+    assert len(said) == 1 and said[0].startswith("revert check of v0002 against its ancestor v0001 not made: "), said

@@ -30,7 +30,7 @@ class Side:
 
 
 def choose_revert(current: Side, ancestors: Sequence[Side], gate_rollouts: Callable[[str], Sequence[Rollout]],
-                  cfg: GateConfig) -> tuple[str, PromotionDecision] | None:
+                  cfg: GateConfig, say: Callable[[str], None] = lambda msg: None) -> tuple[str, PromotionDecision] | None:
     """(ancestor id, paired decision) when the ancestor that scores best on the selection draw (the
     first listed, i.e. the nearest, on a tie) beats ``current`` on its gate draw
     (``gate_rollouts(id)``) by the gate's paired rule; None otherwise (also when the two were not
@@ -43,8 +43,9 @@ def choose_revert(current: Side, ancestors: Sequence[Side], gate_rollouts: Calla
         return None
     try:
         decision = paired_promotion(list(gate_rollouts(best.id)), list(gate_rollouts(current.id)), cfg)
-    except (PairingError, ValueError):
-        return None   # not sampled on the same tasks and seeds: no evidence either way
+    except (PairingError, ValueError) as e:   # not sampled on the same tasks and seeds: no evidence either way
+        say(f"revert check of {current.id} against its ancestor {best.id} not made: {e}")
+        return None
     return (best.id, decision) if decision.promote else None
 
 
@@ -70,7 +71,7 @@ def revert_target(exp: Experiment, vid: str):
         pid = anc.parents[0] if anc.parents else None
     ev = exp.cfg.evolution
     gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
-    return choose_revert(Side(vid, current), ancestors, lambda v: exp.vdir(v).rollouts("heldout"), gcfg)
+    return choose_revert(Side(vid, current), ancestors, lambda v: exp.vdir(v).rollouts("heldout"), gcfg, exp.say)
 
 
 def plan_reverts(exp: Experiment, survivors: list[str], generation: int) -> tuple[list[str], list[dict]]:
