@@ -85,7 +85,9 @@ def test_tpe_is_told_the_paired_delta_against_the_control(run):
     told = {t.user_attrs["child_hash"]: t.value for t in study.get_trials() if t.value is not None}
     deltas = {m.genome_hash: (m.decision.get("paired") or {}).get("mean_delta")
               for m in (run.vdir(v).meta() for v in run.versions()) if m.operator == "knobs" and m.decision}
-    assert told and all(told[h] == pytest.approx(deltas[h]) for h in told if h in deltas)
+    # Every trial told a value is a knob child of this run (matched by its genome hash), told its delta.
+    assert told and set(told) <= set(deltas), (told, deltas)
+    assert all(told[h] == pytest.approx(deltas[h]) for h in told)
 
 
 def test_user_skills_and_diagnostic_gaps_reach_the_operators(run):
