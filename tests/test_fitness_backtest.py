@@ -223,6 +223,12 @@ def test_backtest_command_exit_codes(parent, bonus, capsys):
     assert d["accept"] is False and d["expectation_status"] == "missed" and d["numbers"]["revived_groups"] == 3
     assert run("backtest", str(bonus), "--on", str(parent), "--expect", "nonsense") == 2
     assert run("backtest", str(bonus), "--on", "/nonexistent") == 2
+    for bad in ("dead_group_ratio < abc", "dead_group_ratio < nan"):
+        assert run("backtest", str(bonus), "--on", str(parent), "--expect", bad) == 2
+        assert "is not a finite number" in capsys.readouterr().out
+    run("backtest", str(bonus), "--on", str(parent), "--expect", "dead_grup_ratio < 0.5")   # a typo
+    err = capsys.readouterr().err
+    assert "note: --expect names 'dead_grup_ratio'" in err and "check its spelling" in err and "dead_group_ratio" in err
 
 
 @pytest.mark.parametrize("content, needle", [

@@ -76,7 +76,27 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     result = backtest(args.genome, args.on, expect=expect, labels=_labels(args.labels, args.on),
                       max_fpr=args.max_fpr)
     print((result.to_json() if args.json else result.to_markdown()).rstrip("\n"))
+    if expect is not None and result.expectation_status == "untestable":
+        _note_unknown_metric(expect.metric, result, Path(args.on))
     return 0 if result.accept else 1
+
+
+def _note_unknown_metric(metric: str, result, version_dir: Path) -> None:
+    """A metric nothing measures is most likely a typo: said, since 'judged after training' would
+    otherwise accept it and it would never be judged."""
+    import json
+    import sys
+
+    health = version_dir / "health.json"
+    try:
+        reported = set((json.loads(health.read_text()).get("metrics") or {})) if health.is_file() else set()
+    except (OSError, ValueError, AttributeError):
+        reported = set()
+    known = set(result.before) | set(result.after) | reported | {"heldout_accuracy"}
+    if metric not in known:
+        print(f"note: --expect names {metric!r}, which neither the cache's replay nor {version_dir.name}'s health "
+              f"report measures (they measure: {', '.join(sorted(known)[:12])}, ...); check its spelling",
+              file=sys.stderr)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:

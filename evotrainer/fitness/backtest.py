@@ -79,7 +79,13 @@ def parse_expectation(text: str | dict | ExpectedEffect) -> ExpectedEffect:
     parts = text.split()
     if len(parts) != 3 or parts[1] not in EFFECT_OPS:
         raise ValueError(f"expected 'METRIC OP VALUE' with OP one of {' '.join(EFFECT_OPS)}, got {text!r}")
-    return ExpectedEffect(parts[0], parts[1], float(parts[2]))
+    try:
+        value = float(parts[2])
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"expectation {text!r}: VALUE {parts[2]!r} is not a finite number")
+    return ExpectedEffect(parts[0], parts[1], value)
 
 
 def _spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
