@@ -45,6 +45,19 @@ def _inputs(tok, seed=0):
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_loss_and_gradients_match_trl(loss_type, beta, tmp_path):
+    _compare_loss_and_gradients(loss_type, beta, tmp_path)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_dual_clip_delta_matches_trl(loss_type, tmp_path):
+    """grpo.delta caps the importance ratio from above (two-sided clipping); the stored logprobs'
+    ±0.4-nat noise puts ratios up to e^0.4 ≈ 1.49 past the cap of 1.2."""
+    capped = _compare_loss_and_gradients(loss_type, 0.0, tmp_path / "capped", delta=1.2)
+    plain = _compare_loss_and_gradients(loss_type, 0.0, tmp_path / "plain")
+    assert capped != plain   # the cap binds on these inputs: the comparison is not vacuous
+
+
+def _compare_loss_and_gradients(loss_type, beta, tmp_path, **extra):
     model, tok = load_base_model("tiny-random", seed=1)
     temperature = 0.7
     ours = copy.deepcopy(model)
@@ -53,7 +66,7 @@ def test_loss_and_gradients_match_trl(loss_type, beta, tmp_path):
     model.save_pretrained(tmp_path / "ckpt")
     model.config._name_or_path = str(tmp_path / "ckpt")
     trainer = _trl_trainer(model, tok, tmp_path, loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28,
-                           temperature=temperature)
+                           temperature=temperature, **extra)
     trainer.current_gradient_accumulation_steps = 1
     prompt_ids, prompt_mask, completion_ids, completion_mask, advantages = _inputs(tok)
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
@@ -68,7 +81,7 @@ def test_loss_and_gradients_match_trl(loss_type, beta, tmp_path):
     n_items = completion_mask.sum()
 
     cfg = GRPOConfig(loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28, temperature=temperature,
-                     max_completion_length=6)
+                     max_completion_length=6, **extra)
     ours.train()
     logps = per_token_logps(ours, input_ids, attn, T, temperature)
     our_loss, _ = grpo_loss(logps, old, advantages, completion_mask, cfg, ref_logps=ref, num_items_in_batch=n_items)
@@ -91,6 +104,7 @@ def test_loss_and_gradients_match_trl(loss_type, beta, tmp_path):
         compared += 1
     assert compared > 5
     assert float(our_loss) != 0.0  # a zero loss would make the comparison vacuous
+    return float(our_loss)
 
 
 def test_group_advantages_match_trl_scalings():
