@@ -114,6 +114,16 @@ def test_budget_stops_cleanly_and_resume_respects_it(tmp_path):
     assert Experiment.resume(run_dir).run().status == "stopped"  # nothing more is spent
 
 
+@pytest.mark.parametrize("budget, key", [({"rollout_tokens": 60}, "rollout_tokens"), ({"wall_time_s": 1.0}, "wall_time_s")])
+def test_every_budget_stops_the_run_cleanly_with_everything_recorded(tmp_path, budget, key):
+    run_dir = tmp_path / "run"
+    state = Experiment(parse_config(tiny_cfg(run_dir, budget=budget))).run()
+    assert state.status == "stopped" and key in state.stop_reason, state.stop_reason
+    assert state.budget_used[key] >= budget[key]
+    check_invariants(run_dir)                                        # nothing lost, every version settled
+    assert Experiment.resume(run_dir).run().status == "stopped"      # and resume spends nothing more
+
+
 def test_an_llm_call_budget_stops_the_run_cleanly(tmp_path):
     """Reaching an LLM budget ends the run like any other budget: stopped, reason named, all recorded."""
     run_dir = tmp_path / "run"
