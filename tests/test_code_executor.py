@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from evotrainer.domains.code.executor import CodeExecutor, ExecLimits, Program
+from evotrainer.domains.code.executor import CodeExecutor, ExecLimits, ExecutorError, Program
 
 ADD_TESTS = tuple({"code": f"assert candidate({i}, 2) == {i + 2}"} for i in range(3))
 
@@ -117,3 +117,21 @@ def test_a_batch_keeps_order_and_survives_a_hung_worker():
 def test_unknown_kind_is_a_clear_error(ex):
     with pytest.raises(ValueError, match="kind must be one of"):
         ex.run([Program("x = 1", "shell", ())])
+
+
+def test_a_worker_that_cannot_be_replaced_fails_the_graders_instead_of_hanging_them(monkeypatch):
+    import evotrainer.domains.code.executor as executor_module
+
+    with CodeExecutor(1, ExecLimits(timeout_s=0.5, load_timeout_s=0.5, cpu_s=2)) as one:
+        good = add("def add(a, b):\n    return a + b\n")
+        assert one.run([good])[0].all_passed
+        os.kill(one._all[0].proc.pid, 9)
+
+        def no_start(*a, **k):
+            raise OSError("no processes left")
+
+        monkeypatch.setattr(executor_module, "_Worker", no_start)   # the machine cannot start another
+        with pytest.raises(ExecutorError, match="replacement did not start: no processes left"):
+            one.run([good])
+        with pytest.raises(ExecutorError, match="lost a worker that could not be replaced"):
+            one.run([good, good])   # the pool's only worker is gone: an error at once, never a wait

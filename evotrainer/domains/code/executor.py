@@ -124,6 +124,9 @@ def _hidden_paths() -> list[str]:
                                                       or p.startswith(stdlib + os.sep)))
 
 
+_DEAD = object()   # put on the idle queue in place of a worker that could not be replaced
+
+
 class _Worker:
     def __init__(self, limits: ExecLimits, ids: tuple[int, int] | None):
         self.limits, self.ids = limits, ids
@@ -265,6 +268,10 @@ class CodeExecutor:
 
     def _grade_one(self, program: Program) -> ExecResult:
         worker = self._idle.get()
+        if worker is _DEAD:   # the pool lost a worker for good: every grader after it fails, none hangs
+            self._idle.put(_DEAD)
+            raise ExecutorError("the code executor lost a worker that could not be replaced; see the error before "
+                                "this one")
         try:
             result = worker.grade(program)
         except ExecutorError as e:
@@ -275,7 +282,12 @@ class CodeExecutor:
             worker.kill()
             with self._lock:
                 self._all.remove(worker)
-                worker = _Worker(self.limits, self._ids)
+                try:
+                    worker = _Worker(self.limits, self._ids)
+                except Exception as start_error:   # noqa: BLE001 - said, and the pool never waits on it
+                    self._idle.put(_DEAD)   # wakes a grader waiting for a worker that will never come
+                    raise ExecutorError(f"a code worker died ({e}) and its replacement did not start: "
+                                        f"{start_error}") from start_error
                 self._all.append(worker)
             # A verdict, not a tamper flag: a worker killed for hanging under load (or lost to the
             # machine) says nothing of gaming, and one flag makes the branch invalid (grader_gaming).
