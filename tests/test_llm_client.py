@@ -124,8 +124,11 @@ def test_timeout_is_retried_then_reported():
 
 
 def test_timeout_then_success():
+    heard = []
     with ChatServer([("sleep", 1.0), ("ok", "second try")]) as srv:
-        assert client(srv.url, timeout=0.3).complete(MESSAGES).text == "second try"
+        assert client(srv.url, timeout=0.3, on_wait=heard.append).complete(MESSAGES).text == "second try"
+    retries = [m for m in heard if "retry 1 of 2" in m]
+    assert len(retries) == 1 and "APITimeoutError" in retries[0], heard   # the retry is said, not only counted
 
 
 def test_connection_refused_is_an_llm_error():

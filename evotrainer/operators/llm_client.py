@@ -282,6 +282,9 @@ class OpenAIClient(_Accounting):
                 if pause >= self._left():   # no time left to wait and try again
                     raise LLMError(f"LLM request to {self.base_url} failed: {type(err).__name__}: {err}; no time "
                                    f"left for a retry within the proposal's deadline of {self._deadline_s:g} s") from err
+                if self.on_wait:   # a retry is said, not only counted
+                    self.on_wait(f"LLM request to {self.base_url} failed ({type(err).__name__}); retry {attempt + 1} "
+                                 f"of {self.max_retries} in {pause:.1f} s")
                 time.sleep(pause)
         else:  # pragma: no cover - the loop always breaks or raises
             raise LLMError(f"LLM request failed: {last}")
