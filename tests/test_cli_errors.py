@@ -59,6 +59,16 @@ def a_run(tmp: Path, damage: str | None = None) -> Path:
     return run
 
 
+def retyped(tmp: Path, **fields) -> Path:
+    """A run whose state.json holds fields of the wrong type (edited by hand, or damaged)."""
+    import json
+
+    run = a_run(tmp)
+    state = json.loads((run / "state.json").read_text())
+    (run / "state.json").write_text(json.dumps({**state, **fields}))
+    return run
+
+
 def garbage(tmp: Path) -> Path:
     (tmp / "junk").mkdir()
     (tmp / "junk" / "notes.txt").write_text("not a run")
@@ -121,6 +131,9 @@ CASES = {
     "genome run negative timeout": (lambda t: ["genome", "run", REFERENCE, "--hook", "reward", "--timeout", "-5"],
                                     2, "timeout"),
     "status zero events": (lambda t: ["status", t, "--events", "0"], 2, "events"),
+    "status state of wrong types": (lambda t: ["status", retyped(t, generation="x")], 2, "generation is str"),
+    "resume state of wrong types": (lambda t: ["resume", retyped(t, live="v0001", status="running")], 2,
+                                    "live is str"),
     "train a binary config": (lambda t: ["train", binary(t, "cfg.yaml")], 2, "not a UTF-8 text file"),
     "train a binary harness": (lambda t: ["train", train_cfg(t, harness=str(binary(t, "h.py")))], 2,
                                "not a UTF-8 text file"),

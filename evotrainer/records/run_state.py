@@ -63,6 +63,30 @@ def load_state(run_dir: str | Path) -> RunState:
     data = read_json(path, "the run state")
     known = set(RunState.__dataclass_fields__)
     try:
-        return RunState(**{k: v for k, v in data.items() if k in known})
+        state = RunState(**{k: v for k, v in data.items() if k in known})
     except TypeError as e:
         raise RunDirError(f"{path}: not a run state ({e}); restore the file or start a new run") from None
+    wrong = _wrong_types(state)
+    if wrong:
+        raise RunDirError(f"{path}: not a run state ({'; '.join(wrong)}); the file is damaged: restore it, or "
+                          "start a new run")
+    return state
+
+
+# The type every field must have (a damaged file used to pass, and fail later in a comparison).
+_TYPES = {"generation": int, "stage": str, "status": str, "stop_reason": (str, type(None)), "live": list,
+          "survivors": list, "selection": (dict, type(None)), "exploit_from": (int, type(None)), "next_id": int,
+          "budget_used": dict, "approvals": dict, "operator_stats": dict, "history": list,
+          "final": (dict, type(None)), "events": list}
+
+
+def _wrong_types(state: RunState) -> list[str]:
+    out = []
+    for name, kind in _TYPES.items():
+        value = getattr(state, name)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            out.append(f"{name} is {type(value).__name__} {value!r:.40}")
+    if isinstance(state.live, list) and isinstance(state.survivors, list) and \
+            not all(isinstance(v, str) for v in state.live + state.survivors):
+        out.append("live and survivors must list version ids")
+    return out
