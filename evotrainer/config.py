@@ -8,7 +8,7 @@ allowed ones instead of being silently ignored. ``load_config`` turns pydantic's
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -215,9 +215,13 @@ def _allowed(model: type[BaseModel], loc: tuple) -> str:
     """The allowed field names at ``loc`` (for unknown-field errors)."""
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        # An optional section (``episode: EpisodeConfig | None``) names its model among the union's members.
+        members = get_args(field.annotation) if field is not None and get_args(field.annotation) else (
+            (field.annotation,) if field is not None else ())
+        sections = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        if not sections:
             return ""
-        model = field.annotation
+        model = sections[0]
     return ", ".join(model.model_fields)
 
 
@@ -245,6 +249,8 @@ def parse_config(data: dict[str, Any] | None, source: str = "config") -> Config:
 
 def load_config(path: str | Path) -> Config:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; name a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:

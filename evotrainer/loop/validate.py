@@ -79,7 +79,9 @@ def _harness(cfg: Config, loop: bool, say: Callable[[str], None] | None) -> None
     if cfg.harness:
         path = Path(cfg.harness)
         if not path.is_file():
-            raise ConfigError(f"field 'harness': {path} does not exist; give the path of a harness file "
+            what = "is a directory" if path.is_dir() else "does not exist"
+            where = f" (a relative path is read from the working directory, {Path.cwd()})" if not path.is_absolute() else ""
+            raise ConfigError(f"field 'harness': {path} {what}{where}; give the path of a harness file "
                               "or remove the field for the reference harness")
         try:
             check_contract(HarnessProgram.from_file(path))
@@ -117,6 +119,10 @@ def _operators(cfg: Config) -> None:
     if unknown:
         raise ConfigError(f"field 'evolution.operators': unknown operator(s) {', '.join(map(repr, unknown))}; "
                           f"known operators: {', '.join(known)}")
+    negative = [n for n, w in weights.items() if w < 0]
+    if negative:
+        raise ConfigError(f"field 'evolution.operators': negative weight for {', '.join(map(repr, negative))}; "
+                          "weights are >= 0 (0 switches an operator off)")
     if weights and cfg.evolution.children_per_generation and not any(w > 0 for w in weights.values()):
         raise ConfigError("field 'evolution.operators': every weight is 0; give at least one operator a weight > 0")
     _local_llm(cfg, weights)
