@@ -146,6 +146,7 @@ def test_human_gate_pauses_until_approve_or_reject(tmp_path):
     state = load_state(run_dir)
     pending = [k for k, v in state.approvals.items() if v == "pending"]
     assert state.status == "paused" and len(pending) == 2
+    assert main(["approve", str(run_dir), "v9999"]) == 2   # not awaiting approval: the user's to fix
     assert main(["approve", str(run_dir), pending[0]]) == 0
     assert main(["reject", str(run_dir), pending[1], "--reason", "too risky"]) == 0
     assert main(["resume", str(run_dir)]) == 0

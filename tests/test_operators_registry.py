@@ -187,5 +187,5 @@ def test_mutate_command_rejections_exit_1(tmp_path, capsys):
     assert mutate_main(["mutate", str(REFERENCE_FILE), "--operator", "crossover", "--evidence", str(report)]) == 1
     err = json.loads(capsys.readouterr().err)
     assert err == {"rejected": True, "operator": "crossover", "kind": "input", "reason": "crossover needs two parents"}
-    assert mutate_main(["mutate", str(REFERENCE_FILE), "--operator", "nope"]) == 1
+    assert mutate_main(["mutate", str(REFERENCE_FILE), "--operator", "nope"]) == 2   # a usage error
     assert "known operators" in capsys.readouterr().err

@@ -169,7 +169,7 @@ def test_cli_show_and_verify(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["task"] == task.id and report["hidden"]["resolved"] and report["visible"]["correct"]
     assert set(report["hidden"]["fail_to_pass"]) == set(task.hidden["FAIL_TO_PASS"])
-    assert main(["domain", "verify", "swe", "--task", "swe/none", str(patch)]) == 1
+    assert main(["domain", "verify", "swe", "--task", "swe/none", str(patch)]) == 2
     assert capsys.readouterr().out.startswith("error: no task 'swe/none'")
 
 

@@ -84,7 +84,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         tasks = domain.tasks(args.split)
     except _Fail as e:
         print(f"error: {e}")
-        return 1
+        return 2   # the user's to fix (an unknown domain, a bad option): the CLI's policy
     shown = tasks if args.n <= 0 else tasks[: args.n]
     if args.json and args.name == "swe":
         print(json.dumps([_swe_summary(domain, t) for t in shown], indent=2))
@@ -129,7 +129,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except (_Fail, ValueError) as e:
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         _close(domain)
-        return 1
+        return 2
     if args.name == "swe":
         print(json.dumps({"task": task.id, "split": task.split} | full, indent=2))
         _close(domain)

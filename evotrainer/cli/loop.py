@@ -127,7 +127,7 @@ def _decide(args: argparse.Namespace, verdict: str) -> int:
     unknown = [i for i in ids if i not in pending]
     if unknown:
         console.print(f"[red]not awaiting approval: {', '.join(unknown)}[/red]; pending: {', '.join(pending)}")
-        return 1
+        return 2
     for vid in ids:
         vd = exp.vdir(vid)
         meta = vd.meta()

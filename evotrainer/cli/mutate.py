@@ -120,9 +120,9 @@ def run_mutate(args: argparse.Namespace) -> int:
         print(json.dumps({"rejected": True, "operator": args.operator, "kind": err.kind, "reason": err.reason}),
               file=sys.stderr)
         return 1
-    except (KeyError, ValueError) as err:   # unknown operator, bad arguments
+    except (KeyError, ValueError) as err:   # unknown operator, bad arguments: the user's to fix
         print(f"evotrainer mutate: {err.args[0] if err.args else err}", file=sys.stderr)
-        return 1
+        return 2
     print(json.dumps(intervention.to_dict(), indent=2))
     return 0
 
