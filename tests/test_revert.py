@@ -215,3 +215,17 @@ def test_a_revert_check_that_cannot_pair_says_so():
                         GateConfig(level=0.9, n_resamples=200), said.append)
     assert got is None
     assert len(said) == 1 and said[0].startswith("revert check of v0002 against its ancestor v0001 not made: "), said
+
+
+def test_a_child_left_awaiting_approval_by_a_crash_is_a_leftover_too(tmp_path):
+    """Under the human gate new_version writes the meta as awaiting_approval before the state is
+    saved: a kill in between leaves that, and resume must clear it, not refuse the run."""
+    import shutil
+
+    exp = lineage(tmp_path)
+    shutil.copytree(exp.vdir("v0003").path, exp.vdir("v0004").path)
+    meta = exp.vdir("v0004").meta()
+    meta.status = "awaiting_approval"
+    exp.vdir("v0004").save_meta(meta)
+    assert new_version(exp, exp.vdir("v0003").meta(), exp.vdir("v0003").genome_source(), 3) == "v0004"
+    assert exp.vdir("v0004").meta().status == "pending"

@@ -583,3 +583,57 @@ def test_harness_code_that_runs_after_the_call_is_still_guarded(tmp_path, where)
         assert e.value.kind == "forbidden", (e.value.kind, str(e.value))
         assert "outside the scratch directory" in str(e.value)
     assert not target.exists()
+
+
+@pytest.mark.parametrize("how", ["patch_the_worker_traceback_module", "finaliser_patches_math_for_the_next_call",
+                                 "exception_with_getattribute"])
+def test_the_workers_own_code_after_a_call_runs_nothing_the_harness_planted(tmp_path, how):
+    """The worker formats a failing hook's traceback with the guard off (reading frames is forbidden
+    under it): it must call nothing the harness could have replaced (the traceback module, an
+    exception's attributes), and a finaliser that patches a module for later is undone before the
+    worker's own code uses it. Only the audit hook stands in the way here (a world-writable folder)."""
+    os.chmod(tmp_path, 0o777)
+    target = str(tmp_path / f"{how}.txt")
+    bodies = {
+        "patch_the_worker_traceback_module": f"""
+            def reward(rollouts, tasks):
+                g = _os()
+                tb = g["sys"].modules["traceback"]
+                def evil(t, limit=None, real=tb.extract_tb, g=g):
+                    g["sys"].modules["io"].open({target!r}, "w").write("off-guard")
+                    return real(t, limit)
+                tb.extract_tb = evil
+                raise ValueError("x")
+            """,
+        "finaliser_patches_math_for_the_next_call": f"""
+            import math
+            import numpy
+            def _evil(x, save=numpy.savetxt, arr=numpy.array, real=math.ceil):
+                try:
+                    save({target!r}, arr([7.0]))
+                except BaseException:
+                    pass
+                return real(x)
+            class Later:
+                def __del__(self, m=math, evil=_evil):
+                    m.ceil = evil
+            _keep = Later()
+            def reward(rollouts, tasks):
+                return [1.0] * len(rollouts)
+            """,
+        "exception_with_getattribute": f"""
+            class Boom(Exception):
+                def __getattribute__(self, name, g=_os()):
+                    g["sys"].modules["io"].open({target!r}, "w").write(name)
+                    return object.__getattribute__(self, name)
+            def reward(rollouts, tasks):
+                raise Boom("x")
+            """,
+    }
+    with hostile(bodies[how]) as sb:
+        for _ in range(2):   # the second call runs after whatever the first one left behind
+            try:
+                sb.call("reward", RDS, TASKS)
+            except SandboxError as e:
+                assert e.kind in ("exception", "forbidden"), (e.kind, str(e))
+    assert not os.path.exists(target)

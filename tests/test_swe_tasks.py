@@ -105,6 +105,13 @@ def test_no_hunk_line_is_dropped_silently():
     both = {**files, "n.py": "x = 1\n"}
     out, _ = apply_patch(both, two + "--- a/n.py\n+++ b/n.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n")
     assert out["n.py"] == "x = 2\n" and out["m.py"].splitlines()[0] == "a = 100"
+    # What models and tools write after the last hunk is no hunk line: a blank line, prose, a
+    # format-patch signature.
+    for tail in ("\n", "\n\nThis fixes the bug.\n", "-- \n2.43.0\n"):
+        out, _ = apply_patch(files, two + tail)
+        assert out["m.py"].splitlines()[0] == "a = 100", repr(tail)
+    joined = "\n".join(diff_files(files, {"m.py": files["m.py"].replace("c = 3", "c = 30")}).split("\n"))
+    assert apply_patch(files, joined + "\n")[0]["m.py"].splitlines()[2] == "c = 30"
 
 
 def test_protected_paths_are_left_out():

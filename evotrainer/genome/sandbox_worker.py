@@ -27,7 +27,6 @@ import ctypes
 import gc
 import io
 import json
-import linecache
 import math
 import os
 import pickle
@@ -95,6 +94,7 @@ class State:
     known_code = ()         # code objects the worker itself executes
     violations = []
     read_roots = ()
+    sources = {}            # file name -> source lines, for tracebacks (the worker's own copy)
 
 
 def violation(message):
@@ -319,37 +319,57 @@ def failure(kind, message, output=""):
     return {"ok": False, "kind": kind, "message": message, "output": output}
 
 
+KINDS = ((MemoryError, "memory"), (RecursionError, "recursion"), (SystemExit, "exit"), (OutputLimit, "output_limit"))
+
+
 def described(exc):
-    """(type name, message) of a harness's exception, computed while the guard is on: its
-    ``__str__`` (and its class's ``__name__``, which a metaclass may define) is harness code."""
+    """What the report needs from a harness's exception, read while the guard is on: its kind, type
+    name, message and traceback. Each read may run harness code (``__str__``, a metaclass's
+    ``__name__``, a ``__getattribute__``); after this, only C objects and exact strings are left."""
+    kind = next((k for cls, k in KINDS if issubclass(type(exc), cls)), "exception")
     try:
-        text = repr(exc.code) if isinstance(exc, SystemExit) else str(exc)
+        text = str.__str__(repr(exc.code) if kind == "exit" else str(exc))   # an exact str: no harness methods
     except BaseException:  # noqa: BLE001 - the harness's __str__ raised (a violation is counted already)
         text = "(its message could not be formatted)"
     try:
-        tname = str(type(exc).__name__)
+        tname = str.__str__(type(exc).__name__)
     except BaseException:  # noqa: BLE001
         tname = "Exception"
-    return tname, text
+    try:
+        tb = BaseException.__traceback__.__get__(exc)   # the slot itself, past any __getattribute__
+    except BaseException:  # noqa: BLE001
+        tb = None
+    return kind, tname, text, tb
 
 
-def classify(exc, tname, text, name):
-    """(kind, message, traceback) of a harness's exception; reads only frames and the strings
-    ``described`` made, so it runs no harness code and may run with the guard off."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-    tb = "Traceback (most recent call last, harness frames):\n" + "".join(traceback.format_list(frames[-20:])) \
-        + f"{tname}: {text}\n"
-    where = [f for f in frames if f.filename == name]
-    at = f" (line {where[-1].lineno})" if where else ""
-    if isinstance(exc, MemoryError):
-        return "memory", f"MemoryError{at}: the address-space limit was reached", tb
-    if isinstance(exc, RecursionError):
-        return "recursion", f"RecursionError{at}: {text}", tb
-    if isinstance(exc, SystemExit):
-        return "exit", f"the harness called exit({text}){at}", tb
-    if isinstance(exc, OutputLimit):
+def classify(kind, tname, text, tb, name, sources):
+    """(kind, message, traceback text). Runs off the guard (reading frames is forbidden under it), so
+    it calls nothing a harness could have patched: no traceback or linecache module, only traceback,
+    frame and code objects (C types) and the worker's own copies of the harness sources."""
+    frames = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append((str.__str__(code.co_filename), tb.tb_lineno, str.__str__(code.co_name)))
+        tb = tb.tb_next
+    frames = [f for f in frames if f[0] != __file__][-20:]
+    shown = []
+    for filename, lineno, fn in frames:
+        shown.append(f'  File "{filename}", line {lineno}, in {fn}\n')
+        lines = sources.get(filename)
+        if lines and 0 < lineno <= len(lines):
+            shown.append(f"    {lines[lineno - 1].strip()}\n")
+    trace = "Traceback (most recent call last, harness frames):\n" + "".join(shown) + f"{tname}: {text}\n"
+    where = [lineno for filename, lineno, _ in frames if filename == name]
+    at = f" (line {where[-1]})" if where else ""
+    if kind == "memory":
+        return "memory", f"MemoryError{at}: the address-space limit was reached", trace
+    if kind == "recursion":
+        return "recursion", f"RecursionError{at}: {text}", trace
+    if kind == "exit":
+        return "exit", f"the harness called exit({text}){at}", trace
+    if kind == "output_limit":
         return "output_limit", "the harness printed more than the output cap", ""
-    return "exception", f"{tname}{at}: {text}", tb
+    return "exception", f"{tname}{at}: {text}", trace
 
 
 def guarded_run(thunk, init, snap):
@@ -358,28 +378,30 @@ def guarded_run(thunk, init, snap):
     State.violations = []
     cpu_budget(init["limits"]["cpu_s"], init["limits"]["cpu_lifetime_s"])
     sys.stdout = sys.stderr = capture
-    result, error, report = None, None, None
+    result, about, report = None, None, None
     State.active = True
     try:
         result = plain(thunk())
     except NotJSON as e:
         report = ("bad_result", str(e), "")
     except BaseException as e:  # everything the harness does is reported, never fatal here
-        error, about = e, described(e)
+        about = described(e)
     State.active = False
-    if error is not None:   # the worker's own code reads the frames: off the guard, which forbids that
-        report = classify(error, *about, init["name"])
+    if about is not None:   # the worker's own code reads the frames: off the guard, which forbids that
+        report = classify(*about, init["name"], State.sources)
     State.active = True
     try:
-        # Harness code runs after the call too: the __del__ of its frames' locals as the exception
+        # Harness code runs after the call too: the __del__ of its frames' locals as the traceback
         # goes, of what it left in modules as they are restored, of cycles as they are collected. A
         # finaliser that changes a module again is undone by the next round.
-        error = None
+        about = None
+        restore(snap)
         for _ in range(3):
-            changed = restore(snap)
             gc.collect()
-            if not changed:
+            if not restore(snap):
                 break
+        else:
+            State.violations.append("a finaliser kept changing modules after the call")
     except BaseException:  # noqa: BLE001 - a violation raised in a finaliser is counted in State.violations
         pass
     finally:
@@ -393,8 +415,8 @@ def guarded_run(thunk, init, snap):
     if State.violations:
         return failure("forbidden", State.violations[0], output)
     if report is not None:
-        kind, message, tb = report
-        return failure(kind, message, (output + "\n" + tb).strip())
+        kind, message, trace = report
+        return failure(kind, message, (output + "\n" + trace).strip())
     return {"ok": True, "result": result, "output": output}
 
 
@@ -416,8 +438,9 @@ def main():
         send(resp_fd, failure("contract", f"syntax error at line {e.lineno}: {e.msg}"))
         return
     State.known_code = tuple(codes)
-    for name, text in ((init["name"], init["source"]), ("reference_harness.py", init["reference"])):
-        linecache.cache[name] = (len(text), None, text.splitlines(True), name)  # source lines in tracebacks
+    # Source lines for the report's traceback, kept by the worker itself (linecache is a module a
+    # harness could patch, and the traceback is formatted with the guard off).
+    State.sources = {init["name"]: init["source"].splitlines(), "reference_harness.py": init["reference"].splitlines()}
     harness_builtins = {k: v for k, v in vars(builtins).items() if k not in REMOVED_BUILTINS}
     harness_builtins["__import__"] = guarded_import
     sys.addaudithook(audit)

@@ -214,7 +214,8 @@ class Experiment:
             if not overruns:
                 return survivors
             s.exploit_from = g
-        best = select_survivors(cands, 1, elitism=1) or survivors[:1]   # no candidates: the standing one
+        # No candidates this generation (nothing trained): the best of the standing survivors.
+        best = select_survivors(cands or self.candidates(survivors), 1, elitism=1)
         if why:
             self.say(f"gen {g}: exploit phase: {why}; only {', '.join(best) or 'none'} lives on, no more "
                      "children, its lineage trains until the step budget is spent")

@@ -56,7 +56,7 @@ def _clear_leftover(exp: Experiment, vid: str) -> None:
     than the run's versions (restored from a backup?) and nothing is deleted."""
     vd = exp.vdir(vid)
     status = vd.meta().status if (vd.path / "meta.json").is_file() else None
-    if status not in (None, "pending"):
+    if status not in (None, "pending", "awaiting_approval"):   # what new_version itself writes
         raise RunDirError(f"{vd.path} holds a recorded version ({status}) that state.json says was never "
                           f"created (its next id is {vid}): the state is older than the run's versions; restore "
                           "the state.json that goes with them, or start the run again in a new --run-dir")

@@ -91,7 +91,7 @@ def parse_patch(text: str) -> list[FilePatch]:
                 while i < len(lines) and lines[i].startswith("\\"):
                     i += 1
                 fp.hunks.append((int(m.group(1)), body))
-            if i < len(lines) and lines[i][:1] in "+-" and not _file_header(lines, i):
+            if i < len(lines) and lines[i].startswith(("+", "-")) and lines[i] != "-- " and not _file_header(lines, i):
                 raise PatchError(f"line {i + 1}: {lines[i][:40]!r} follows the last hunk of {fp.path} but no hunk "
                                  "counts it: its @@ header undercounts the hunk's lines")
             continue
