@@ -100,7 +100,10 @@ class Proxy:
         self.own_flags = set()  # what the checker saw itself
         self.deadline = None
 
-    def reply(self):
+    def reply(self, nonce=None):
+        """The program process's reply; to a request that carried ``nonce``, it must echo it. The
+        program can write to the pipe, but cannot read the request: a reply without the nonce was
+        forged (whether or not the real one arrived yet: checking the pipe for more is a race)."""
         try:
             msg = recv(self.proc.rep_r, self.deadline, self.limits["reply_bytes"])
         except TimeoutError:
@@ -119,6 +122,10 @@ class Proxy:
         if not isinstance(msg, dict):
             self.dead = {"verdict": "runtime_error", "error": "malformed reply"}
             raise Fatal()
+        if nonce is not None and msg.get("nonce") != nonce:
+            self.own_flags.add("channel: a reply that answers no request on the result pipe")
+            self.dead = {"verdict": "runtime_error", "error": "forged reply"}
+            raise Fatal()
         flags = msg.get("flags")
         if isinstance(flags, list):
             self.child_flags = [str(f)[:200] for f in flags[:32]]
@@ -134,12 +141,13 @@ class Proxy:
     def __call__(self, *args):
         if self.dead:
             raise Fatal()
+        nonce = os.urandom(8).hex()
         try:
-            send(self.proc.ctl_w, {"args": tag(list(args))})
+            send(self.proc.ctl_w, {"args": tag(list(args)), "nonce": nonce})
         except OSError:
             self.dead = died(reap(self.proc))
             raise Fatal() from None
-        msg = self.reply()
+        msg = self.reply(nonce)
         if msg.get("ok") is True:
             return msg.get("value")
         raise ProgramError(msg)
@@ -212,9 +220,10 @@ def grade_calls(proc, job, tests, limits):
             verdicts.append({"verdict": "wrong_answer", "error": f"{type(e).__name__}: {str(e)[:200]}"})
     if not load_fail and not proxy.dead:
         try:  # the program's own report of what it patched (its flags; never its verdicts)
-            send(proc.ctl_w, {"done": True})
+            nonce = os.urandom(8).hex()
+            send(proc.ctl_w, {"done": True, "nonce": nonce})
             proxy.deadline = time.monotonic() + limits["timeout_s"]
-            proxy.reply()
+            proxy.reply(nonce)
         except (Fatal, OSError):
             pass
     if load_fail and load_fail.get("etype") in ("SystemExit", "KeyboardInterrupt"):

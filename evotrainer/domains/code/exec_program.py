@@ -233,7 +233,7 @@ def serve_calls(job, ctl_r, rep_w):
             return
         if msg.get("done"):  # the last call is over: look for patched modules once, not per call
             Guard.flags.extend(f"monkeypatch: {name}" for name in patched(snap))
-            send(rep_w, {"ok": True, "flags": Guard.flags})
+            send(rep_w, {"ok": True, "flags": Guard.flags, "nonce": msg.get("nonce")})
             return
         Guard.active = True
         try:
@@ -247,6 +247,7 @@ def serve_calls(job, ctl_r, rep_w):
         except BaseException as e:
             Guard.active = False
             reply = _error(e)
+        reply["nonce"] = msg.get("nonce")   # echoed: the checker knows this reply answers its request
         send(rep_w, reply)
 
 
