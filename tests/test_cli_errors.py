@@ -191,3 +191,21 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
 def test_genome_check_accepts_what_train_accepts(tmp_path):
     done = cli(["genome", "check", REFERENCE], tmp_path)
     assert done.returncode == 0 and done.stdout.startswith("ok ")
+
+
+def test_verbose_shows_evotrainer_info_messages(capsys):
+    import logging
+
+    from evotrainer.cli.app import main
+
+    log = logging.getLogger("evotrainer")
+    before = list(log.handlers)
+    try:
+        assert main(["-v", "genome", "check", str(REFERENCE)]) == 0
+        logging.getLogger("evotrainer.operators.library").info("library: left out an entry")
+        assert "evotrainer.operators.library: library: left out an entry" in capsys.readouterr().err
+    finally:
+        log.handlers[:] = before
+        log.setLevel(logging.NOTSET)
+    logging.getLogger("evotrainer.operators.library").info("not shown")
+    assert "not shown" not in capsys.readouterr().err   # without -v, info stays in the log

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Sequence
 
@@ -26,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evotrainer", description="RL training that evolves its own harness.")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of a failure (also: EVOTRAINER_DEBUG=1)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show evotrainer's info-level log messages (warnings are always shown)")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
         group.register(sub)
@@ -34,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        log = logging.getLogger("evotrainer")
+        log.setLevel(logging.INFO)
+        log.addHandler(handler)
     return run_command(args.func, args, debug=args.debug)
 
 

@@ -121,6 +121,9 @@ def run_episodes(engine: TokenEngine, episodes: Sequence[Episode], params: Sampl
         turn += 1
 
 
+_SAID = {"no_system": False}
+
+
 def opening(prompt: PromptFn | None, task: Task) -> Messages | None:
     """The episode's first messages: its own (None) unless a harness's ``prompt`` hook asks the task;
     then the hook's messages, with the tool instructions as system message if it gave none."""
@@ -128,7 +131,10 @@ def opening(prompt: PromptFn | None, task: Task) -> Messages | None:
         return None
     msgs = [dict(m) for m in prompt(task)]
     if not any(m.get("role") == "system" for m in msgs):
-        log.info("episode of %s: the harness prompt has no system message; the tool instructions are added", task.id)
+        if not _SAID["no_system"]:   # once per process: it holds for every episode of that harness
+            log.info("the harness prompt has no system message (first seen on %s); the tool instructions are added",
+                     task.id)
+            _SAID["no_system"] = True
         msgs.insert(0, {"role": "system", "content": tool_prompt()})
     return msgs
 

@@ -222,7 +222,7 @@ def serve_calls(job, ctl_r, rep_w):
     if err is None and not callable(g.get(job["entry"])):
         err = {"ok": False, "etype": "NameError", "msg": f"the program defines no function {job['entry']!r}",
                "flags": Guard.flags}
-    send(rep_w, err or {"ok": True, "flags": Guard.flags})
+    send(rep_w, {**(err or {"ok": True, "flags": Guard.flags}), "nonce": job.get("nonce")})
     if err:
         return
     fn = g[job["entry"]]

@@ -108,6 +108,7 @@ def main():
         n += 1
         scratch = make_scratch(n, init)
         stdio = job["kind"] == "stdio"
+        job["nonce"] = os.urandom(8).hex()   # the load reply echoes it (the checker's calls carry their own)
         # Fork before the tests arrive: the program's processes never hold a test in memory.
         procs = [spawn(init, job, scratch, stdio) for _ in range(job["n_tests"] if stdio else 1)]
         tests = recv(req_fd)
