@@ -183,6 +183,9 @@ class RayConfig(_Section):
                                     "as the cluster's resources fit, up to the live versions")
     max_retries: int = Field(1, ge=0, le=10, description="a version whose worker died or raised is run again "
                              "this many times, then recorded as rejected with the reason")
+    version_timeout_s: float | None = Field(None, gt=0, le=7 * 86_400, description="seconds one version may take "
+                                            "on a worker (train and verify); past it the worker is killed and the "
+                                            "version retried or rejected; None = no limit")
 
 
 class Config(_Section):

@@ -7,6 +7,7 @@ One local Ray cluster (2 CPUs) for the module: workers are real processes holdin
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -89,6 +90,23 @@ def test_a_worker_that_always_raises_rejects_the_version_with_the_reason(tmp_pat
     assert "worker failed 2 times" in meta.decision["reasons"][0]
     assert "EVOTRAINER_WORKER_RAISE=v0000" in meta.decision["reasons"][0]
     check_invariants(exp.run_dir)   # recorded in MLflow like any rejected version, not lost
+
+
+def test_a_worker_past_its_time_limit_is_killed_and_the_version_recorded(tmp_path, cluster, monkeypatch):
+    monkeypatch.setenv("EVOTRAINER_WORKER_HANG", "v0000")
+    cfg = {**tiny_cfg(tmp_path / "run", generations=1), "executor": "ray",
+           "ray": {"version_timeout_s": 20, "max_retries": 1}}
+    exp = Experiment(parse_config(cfg))
+    t0 = time.monotonic()
+    try:
+        state = exp.run()
+    finally:
+        exp.close()
+    assert time.monotonic() - t0 < 600   # two 20 s attempts and the rest of a tiny run, not a day's sleep
+    meta = exp.vdir("v0000").meta()
+    assert meta.status == "rejected" and "took more than 20 s (ray.version_timeout_s)" in meta.decision["reasons"][0]
+    assert any("took more than 20 s" in e and "retry 1 of 1" in e for e in state.events), state.events
+    check_invariants(exp.run_dir)
 
 
 def test_ray_asked_for_without_ray_names_the_extra(tmp_path, monkeypatch):

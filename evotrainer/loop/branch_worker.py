@@ -10,6 +10,7 @@ the result, and the driver merges them into the run state it saves.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from evotrainer.records.run_state import RunState
 from evotrainer.records.version import VersionDir
 
 RAISE_ENV = "EVOTRAINER_WORKER_RAISE"   # tests: a worker raises (not dies) on this version id
+HANG_ENV = "EVOTRAINER_WORKER_HANG"     # tests: a worker hangs on this version id
 
 
 class BranchWorkerError(RuntimeError):
@@ -55,6 +57,8 @@ class BranchWorker:
             crash_point(f"worker:{vid}")   # EVOTRAINER_CRASH_AT=worker:<vid>: this process dies here
             if os.environ.get(RAISE_ENV) == vid:
                 raise BranchWorkerError(f"{RAISE_ENV}={vid}")
+            if os.environ.get(HANG_ENV) == vid:
+                time.sleep(86_400)
             train_version(self, vid)
             verify_version(self, vid)
         finally:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,11 +122,21 @@ class RayExecutor:
                     continue
                 exp.say(f"gen {g}: {'training and verifying' if pending else 'verifying'} {vid} on a Ray worker")
                 actor = self._worker()
-                in_flight[actor.run.remote(vid)] = (vid, actor)
+                in_flight[actor.run.remote(vid)] = (vid, actor, time.monotonic())
             if not in_flight:
                 continue
-            (ref,), _ = ray.wait(list(in_flight), num_returns=1)
-            vid, actor = in_flight.pop(ref)
+            limit = self.cfg.ray.version_timeout_s
+            wait = None if limit is None else max(0.0, min(t0 for *_, t0 in in_flight.values()) + limit - time.monotonic())
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=wait)
+            if not ready:   # the oldest version in flight is past its limit: its worker is killed
+                ref = min(in_flight, key=lambda r: in_flight[r][2])
+                vid, actor, _ = in_flight.pop(ref)
+                self._drop(actor)
+                self._failed(exp, vid, f"its Ray worker took more than {limit:g} s (ray.version_timeout_s) and was "
+                             "killed", attempts, queue)
+                continue
+            (ref,) = ready
+            vid, actor, _ = in_flight.pop(ref)
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayActorError as e:
