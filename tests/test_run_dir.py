@@ -68,13 +68,18 @@ def test_train_refuses_a_loop_run_and_leaves_its_config(tmp_path, capsys):
     assert snapshot(run) == before
 
 
-def test_a_failed_train_keeps_the_earlier_version_in_its_directory(tmp_path, capsys):
-    """Retraining into a version directory replaces the old version only once training succeeded."""
+def trained_version(tmp_path):
+    """A version directory written by one `evotrainer train` of the tiny model: (dir, its config dict)."""
     out = tmp_path / "v"
     base = {**tiny_cfg(out), "train": {"steps": 1, "prompts_per_step": 2, "eval_max_new_tokens": 4}}
-    good = tmp_path / "good.yaml"
-    good.write_text(yaml.safe_dump(base))
-    assert main(["train", str(good)]) == 0
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(base))
+    assert main(["train", str(tmp_path / "good.yaml")]) == 0
+    return out, base
+
+
+def test_a_failed_train_keeps_the_earlier_version_in_its_directory(tmp_path, capsys):
+    """Retraining into a version directory replaces the old version only once training succeeded."""
+    out, base = trained_version(tmp_path)
     assert rundir.kind_of(out) == "version"
     before = snapshot(out)
     assert (out / "steps.jsonl").read_text().strip()
@@ -94,11 +99,8 @@ def test_a_failed_train_keeps_the_earlier_version_in_its_directory(tmp_path, cap
 
 
 def test_train_into_a_trained_version_is_refused_unless_overwrite(tmp_path, capsys):
-    out = tmp_path / "v"
-    base = {**tiny_cfg(out), "train": {"steps": 1, "prompts_per_step": 2, "eval_max_new_tokens": 4}}
-    cfg = tmp_path / "train.yaml"
-    cfg.write_text(yaml.safe_dump(base))
-    assert main(["train", str(cfg)]) == 0
+    out, base = trained_version(tmp_path)
+    cfg = tmp_path / "good.yaml"
     before = snapshot(out)
     assert main(["train", str(cfg)]) == 2
     err = capsys.readouterr().err

@@ -14,7 +14,6 @@ rather than copying rollouts.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import random
 import time
@@ -27,7 +26,7 @@ from evotrainer.fitness.cache import CachedVersion
 from evotrainer.fitness.leak import leak_used_by
 from evotrainer.genome.harness import Harness
 from evotrainer.records.rollout import Rollout, group_rollouts
-from evotrainer.records.version import VersionDir, write_atomic
+from evotrainer.records.version import VersionDir, exclusive, write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.fitness.gates import GateDecision
@@ -117,9 +116,7 @@ class LabelStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file closes
+        with exclusive(self.path):
             self.load()
             yield
             self.save()

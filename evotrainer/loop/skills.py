@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evotrainer.records.version import write_atomic
+from evotrainer.records.version import exclusive, write_atomic
 from evotrainer.records.numeric import finite_or_none as _finite
 
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
@@ -238,14 +238,7 @@ class SkillLibrary:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Read-modify-write under an exclusive lock, reloading first: several runs share the user library."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
-            try:
-                # POSIX-only: without it the library is written without a cross-process lock
-                import fcntl
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            except ImportError:             # no POSIX locks (Windows): single writer assumed
-                pass
+        with exclusive(self.path):
             self.load()
             yield
             self.save()

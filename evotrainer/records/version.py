@@ -13,13 +13,15 @@ Files are written atomically (temp file + rename) so a crash never leaves a half
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from evotrainer.records.rollout import Rollout, load_rollouts
 from evotrainer.records.run_dir import RunDirError
@@ -37,6 +39,16 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)   # no stray temporary file beside the one that was not written
         raise
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path``'s sibling ``.lock`` file across processes, for a
+    read-modify-write of a file several writers share (released when the lock file closes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
