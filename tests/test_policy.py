@@ -14,6 +14,12 @@ from evotrainer.records.rollout import Rollout
 PROMPTS = [[{"role": "user", "content": f"Count to {i}."}] for i in range(1, 6)]
 
 
+@pytest.fixture(params=["kv", "generate"])
+def decoder(request):
+    """The engine tests hold for both ways TransformersEngine samples."""
+    return request.param
+
+
 @pytest.fixture()
 def policy():
     model, tok = load_base_model("tiny-random", seed=0, initializer_range=0.5)
@@ -28,8 +34,8 @@ def _rollouts(outs, group_size):
             for i, o in enumerate(outs)]
 
 
-def test_same_seed_same_tokens_and_other_seed_differs(policy):
-    eng = TransformersEngine(policy)
+def test_same_seed_same_tokens_and_other_seed_differs(policy, decoder):
+    eng = TransformersEngine(policy, decoder=decoder)
     a = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, seed=7), adapter="b0")
     b = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, seed=7), adapter="b0")
     c = eng.generate(PROMPTS, SamplingParams(max_new_tokens=12, seed=8), adapter="b0")
@@ -37,9 +43,9 @@ def test_same_seed_same_tokens_and_other_seed_differs(policy):
     assert [x.completion_ids for x in a] != [x.completion_ids for x in c]
 
 
-def test_sampler_logprobs_equal_a_training_forward_pass(policy):
+def test_sampler_logprobs_equal_a_training_forward_pass(policy, decoder):
     """The stored sampler logprobs are what the trainer's ratio divides by: they must agree."""
-    eng = TransformersEngine(policy)
+    eng = TransformersEngine(policy, decoder=decoder)
     outs = eng.generate(PROMPTS, SamplingParams(temperature=0.8, max_new_tokens=10, seed=1), adapter="b0")
     for o in outs:
         ids = torch.tensor([o.prompt_ids + o.completion_ids])
@@ -49,10 +55,10 @@ def test_sampler_logprobs_equal_a_training_forward_pass(policy):
         assert len(o.logprobs) == len(o.completion_ids)
 
 
-def test_with_top_p_the_ratio_is_one_on_the_first_pass(policy):
+def test_with_top_p_the_ratio_is_one_on_the_first_pass(policy, decoder):
     """The sampler records logprobs after its top-p filter; the trainer must take them under the same
     filter, or the importance ratio is biased below 1 whenever top_p < 1."""
-    eng = TransformersEngine(policy)
+    eng = TransformersEngine(policy, decoder=decoder)
     outs = eng.generate(PROMPTS, SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, seed=3), adapter="b0")
     worst_filtered = worst_plain = 0.0
     for o in outs:
@@ -86,15 +92,15 @@ def test_a_kl_step_trains_even_when_every_advantage_is_zero(policy):
             assert bool(m.get("skipped")) is skipped, (beta, m)
 
 
-def test_left_padded_batch_matches_single_prompt_greedy(policy):
-    eng = TransformersEngine(policy)
+def test_left_padded_batch_matches_single_prompt_greedy(policy, decoder):
+    eng = TransformersEngine(policy, decoder=decoder)
     batched = eng.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=8), adapter="b0")
     alone = [eng.generate([p], SamplingParams(temperature=0, max_new_tokens=8), adapter="b0")[0] for p in PROMPTS]
     assert [b.completion_ids for b in batched] == [a.completion_ids for a in alone]
 
 
-def test_truncation_and_stop_strings(policy):
-    eng = TransformersEngine(policy)
+def test_truncation_and_stop_strings(policy, decoder):
+    eng = TransformersEngine(policy, decoder=decoder)
     outs = eng.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=6), adapter="b0")
     for o in outs:
         assert o.truncated == (o.stop_reason == "length")
@@ -236,4 +242,7 @@ def test_a_step_over_several_micro_batches_equals_one_over_the_whole_batch(polic
     assert any(g.abs().sum() > 0 for g in grads["one"])
     for a, b in zip(grads["one"], grads["two"]):
         assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
-    assert torch.allclose(policy.probe_logprobs("one"), policy.probe_logprobs("two"), atol=1e-5)
+    # The exact check is the gradient's, above. AdamW's first step is about lr * sign(g), so an entry
+    # whose gradient is at float-noise level may move by up to lr either way: the policies after the
+    # step agree to ~1e-4 on these ~25-nat log-probs, not to the last bit.
+    assert torch.allclose(policy.probe_logprobs("one"), policy.probe_logprobs("two"), atol=1e-3)

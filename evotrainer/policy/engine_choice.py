@@ -51,7 +51,7 @@ def tiny_overrides(cfg: Config, engine: str) -> dict:
 def build_engine(cfg: Config, policy, engine: str) -> RolloutEngine:
     """The rollout engine ``engine`` for ``policy``, whose base model was loaded from ``cfg.model``."""
     if engine == "transformers":
-        return TransformersEngine(policy, batch_size=cfg.train.rollout_batch_size)
+        return TransformersEngine(policy, batch_size=cfg.train.rollout_batch_size, decoder=cfg.train.decoder)
     from evotrainer.policy.base_model import model_dir
     from evotrainer.policy.vllm_engine import VllmEngine
 

@@ -1,0 +1,208 @@
+"""Sampling on the KV decoder: shared prefixes prefilled once, continued sequences prefilled from
+where they stopped, and every sampled token's log-probability under the distribution it was drawn from.
+
+One call samples a batch of token sequences under one branch (``KVSampler.sample``):
+
+1. **Reuse.** The previous call's cache is kept with the tokens each of its rows holds. A sequence
+   that extends one of them (the next turn of an episode: the trajectory so far, the tool result,
+   the next assistant header) starts from that row and prefills only its new tokens. The cache is
+   reused only under the same adapter with the same tensors (a training step in between makes it
+   stale, and it is dropped).
+2. **Prefill** each distinct (start row, new tokens) once: a GRPO group asks one prompt n times.
+   Fresh prompts that open with the same tokens (the chat template's system prompt) prefill that
+   common prefix once.
+3. **Decode**: per step, the processed scores (temperature, then top-k, then top-p, as
+   ``transformers``' warpers compute them), their log-softmax (what ``Completion.logprobs``
+   records, the trainer's ``old_logps``), and a draw by inverse CDF with one uniform per row from a
+   generator seeded by the call (``generate`` draws one exponential per vocabulary entry: same
+   distribution, other tokens for the same seed). Greedy is the argmax, as in ``generate``. Rows
+   that finished leave the batch once a quarter of it has (greedy answers end at very different
+   lengths); their cache is kept for the next call.
+
+A row stops at an EOS token, when its text contains a stop string, or at ``max_new_tokens``; the
+engine cuts each completion exactly as it cuts ``generate``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from evotrainer.policy.kv_decoder import KVCache, KVDecoder, lora_deltas
+
+MIN_SHARED_PREFIX = 8   # tokens: a shorter common opening is not worth a prefill of its own
+
+
+@dataclass
+class Sampled:
+    ids: list[int]            # sampled tokens, the stop token included
+    logprobs: list[float]
+
+
+@dataclass
+class _Piece:
+    cache: KVCache
+    rows: list[tuple[int, ...]]   # per cache row, the tokens whose keys and values it holds
+
+
+def policy_model(policy):
+    """The model to read weights from: the peft model once adapters exist, else the bare one."""
+    model = getattr(policy, "model", None)
+    return model if model is not None else policy.base_model
+
+
+def adapter_key(policy, adapter: str | None) -> tuple:
+    """Identifies an adapter's current tensors: their identities and in-place version counters
+    (an optimizer step, a load or a fork bumps them)."""
+    if adapter is None:
+        return (None,)
+    return (adapter,) + tuple((id(p), p._version) for p in policy.parameters(adapter))
+
+
+def _common_prefix(seqs: list[tuple[int, ...]]) -> int:
+    n = min(len(s) for s in seqs) - 1      # every sequence keeps at least one token of its own
+    first = seqs[0]
+    for s in seqs[1:]:
+        i = 0
+        while i < n and s[i] == first[i]:
+            i += 1
+        n = i
+    return max(n, 0)
+
+
+class KVSampler:
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.decoder = KVDecoder(policy_model(policy))
+        self.kept: tuple[tuple, list[_Piece]] | None = None   # (adapter key, pieces) of the last call
+        self.reused_tokens = 0      # prompt tokens taken from a kept cache instead of prefilled
+        self.prefilled_tokens = 0   # prompt tokens run through a prefill
+
+    def forget(self) -> None:
+        self.kept = None
+
+    @torch.inference_mode()
+    def sample(self, prompts: list[list[int]], adapter: str | None, *, max_new_tokens: int, temperature: float,
+               top_k: int, top_p: float, seed: int, eos: set[int], pad: int,
+               stop_check=None) -> list[Sampled]:
+        """``stop_check(ids) -> bool``: whether a row's tokens so far contain a stop string."""
+        lora = lora_deltas(policy_model(self.policy), adapter)
+        key = adapter_key(self.policy, adapter)
+        dev = self.decoder.device
+        cache, logits = self._prefill(prompts, lora, key, max_new_tokens)
+        B = len(prompts)
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        warpers = []
+        if temperature > 0:
+            if temperature != 1.0:
+                warpers.append(TemperatureLogitsWarper(float(temperature)))
+            if top_k:
+                warpers.append(TopKLogitsWarper(top_k))
+            if top_p < 1.0:
+                warpers.append(TopPLogitsWarper(top_p))
+        out = [Sampled([], []) for _ in range(B)]
+        held = [list(p) for p in prompts]     # tokens in each output row's cache row
+        rows = list(range(B))                 # cache row -> output row
+        alive = [True] * B                    # per cache row: still sampling
+        stash: list[_Piece] = []              # rows that finished and left the batch
+        for step in range(max_new_tokens):
+            scores = logits
+            for w in warpers:
+                scores = w(None, scores)
+            # log p(token) = score - logsumexp(scores), taken for the chosen tokens only; the CDF is the
+            # cumulative sum of exp(score - max), whose last entry is the normaliser.
+            top = scores.max(dim=-1, keepdim=True).values
+            if temperature > 0:
+                cdf = torch.exp(scores - top).cumsum_(-1)
+                total = cdf[:, -1:]
+                # Inverse CDF: the first token whose cumulative mass exceeds u; the uniform is drawn for
+                # every batch row, so a row's draw does not depend on which rows finished.
+                u = torch.rand((B, 1), generator=gen, device=dev)[rows]
+                nxt = torch.searchsorted(cdf, u * total, right=True).clamp_(max=cdf.shape[-1] - 1)
+            else:
+                nxt = scores.argmax(-1, keepdim=True)
+                total = torch.exp(scores - top).sum(-1, keepdim=True)
+            chosen = (scores.gather(1, nxt) - top - total.log()).squeeze(1).tolist()
+            tokens = nxt.squeeze(1).tolist()
+            for j, i in enumerate(rows):
+                if alive[j]:
+                    out[i].ids.append(tokens[j])
+                    out[i].logprobs.append(chosen[j])
+                    alive[j] = not (tokens[j] in eos or (stop_check is not None and stop_check(out[i].ids)))
+            if step == max_new_tokens - 1 or not any(alive):
+                break
+            if len(rows) - sum(alive) >= max(2, len(rows) // 4):    # a quarter finished: shrink the batch
+                done = [j for j, a in enumerate(alive) if not a]
+                stash.append(_Piece(cache.select(torch.tensor(done, device=dev), cache.length),
+                                    [tuple(held[rows[j]]) for j in done]))
+                keep = [j for j, a in enumerate(alive) if a]
+                cache = cache.select(torch.tensor(keep, device=dev), cache.capacity)
+                rows, tokens, alive = [rows[j] for j in keep], [tokens[j] for j in keep], [True] * len(keep)
+            for j, i in enumerate(rows):
+                if alive[j]:
+                    held[i].append(tokens[j])
+            feed = torch.tensor([t if a else pad for t, a in zip(tokens, alive)], device=dev)[:, None]
+            logits = self.decoder.forward(cache, feed, torch.tensor(alive, device=dev)[:, None], lora)
+        self.kept = (key, stash + [_Piece(cache, [tuple(held[i]) for i in rows])])
+        return out
+
+    # ---- prefill --------------------------------------------------------------------------------
+    def _prefill(self, prompts: list[list[int]], lora, key: tuple, max_new_tokens: int) -> tuple[KVCache, torch.Tensor]:
+        """The cache after each prompt and the logits after its last token. A prompt starts from the
+        kept row that is its longest strict prefix, when every prompt has one."""
+        dev = self.decoder.device
+        starts = self._kept_rows(prompts, key)
+        pieces = self.kept[1] if starts is not None else []
+        self.kept = None    # the rows it needs are copied below; release the rest
+        cut = [len(pieces[p].rows[r]) for p, r in starts] if starts is not None else [0] * len(prompts)
+        starts = starts or [(-1, -1)] * len(prompts)
+        unique: dict[tuple, int] = {}
+        row_of = [unique.setdefault((s, tuple(p[c:])), len(unique)) for s, p, c in zip(starts, prompts, cut)]
+        keys = list(unique)
+        width = max(len(new) for _, new in keys)
+        if pieces:
+            used = [pieces[p] for (p, _), _ in keys]
+            capacity = max(piece.cache.length for piece in used) + width + max_new_tokens
+            cache = KVCache.concat([(piece.cache, torch.tensor([r], device=dev))
+                                    for piece, ((_, r), _) in zip(used, keys)], capacity)
+        else:
+            capacity = width + max_new_tokens
+            cache = self.decoder.new_cache(len(keys), capacity)
+            shared = _common_prefix([new for _, new in keys]) if len(keys) > 1 else 0
+            if shared >= MIN_SHARED_PREFIX:
+                head = self.decoder.new_cache(1, capacity)
+                self.decoder.forward(head, torch.tensor([keys[0][1][:shared]], device=dev),
+                                     torch.ones(1, shared, dtype=torch.bool, device=dev), lora)
+                cache = head.select(torch.zeros(len(keys), dtype=torch.long, device=dev), capacity)
+                keys = [(s, new[shared:]) for s, new in keys]
+                width -= shared
+                self.prefilled_tokens += shared
+        ids = torch.tensor([[0] * (width - len(new)) + list(new) for _, new in keys], device=dev)
+        valid = torch.tensor([[False] * (width - len(new)) + [True] * len(new) for _, new in keys], device=dev)
+        logits = self.decoder.forward(cache, ids, valid, lora)
+        self.prefilled_tokens += sum(len(new) for _, new in keys)
+        self.reused_tokens += sum(cut)
+        if row_of != list(range(len(keys))):
+            index = torch.tensor(row_of, device=dev)
+            cache, logits = cache.select(index, capacity), logits.index_select(0, index)
+        return cache, logits
+
+    def _kept_rows(self, prompts: list[list[int]], key: tuple) -> list[tuple[int, int]] | None:
+        """For each prompt, the (piece, row) of the kept row whose tokens are its longest strict
+        prefix; None unless every prompt has one (a batch continues together or starts afresh)."""
+        if self.kept is None or self.kept[0] != key:
+            return None
+        found = []
+        for p in prompts:
+            best, best_len = None, 0
+            for pi, piece in enumerate(self.kept[1]):
+                for r, held in enumerate(piece.rows):
+                    n = len(held)
+                    if best_len < n < len(p) and tuple(p[:n]) == held:
+                        best, best_len = (pi, r), n
+            if best is None:
+                return None
+            found.append(best)
+        return found
