@@ -34,6 +34,11 @@ class Domain(ABC):
             raise ValueError(f"{self.name}: {len(tasks)} tasks but {len(completions)} completions")
         return [self.verify(t, c) for t, c in zip(tasks, completions)]
 
+    def reference_completion(self, task: Task) -> str | None:
+        """A completion the verifier accepts, in the form the prompt asks for (what the policy's
+        log-likelihood of the answer is taken of), or None where the domain has none to offer."""
+        return None
+
     def task_by_id(self, task_id: str) -> Task:
         for split in SPLITS:
             for t in self.tasks(split):

@@ -17,9 +17,9 @@ import math
 from typing import Sequence
 
 import torch
-from transformers import TopPLogitsWarper
 
 from evotrainer.policy.grpo_config import LOSS_TYPES, GRPOConfig
+from evotrainer.policy.logps import per_token_logps, shared_prompt_logps
 from evotrainer.records.rollout import Rollout
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "LOSS_TYPES", "group_advantages", "grpo_loss", "per_token_logps"]
@@ -42,26 +42,6 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
         return centred
     std = rewards.std(dim=1, keepdim=True) if scale_rewards == "group" else rewards.std().expand_as(mean)
     return centred / (std + eps)
-
-
-# ---- per-token log-probabilities -------------------------------------------------------------
-def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                    temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
-    """log π(token_t | tokens_<t) for the last ``logits_to_keep`` tokens, under the sampler's own
-    distribution: logits / temperature, then the same nucleus (top-p) filter the sampler applied, so
-    the importance ratio against the stored sampler logprobs is 1 on the first pass."""
-    # Only the completion positions need the 49k-vocab head: ask the model for those logits alone.
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
-    logits = logits[:, :-1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    if top_p < 1.0:
-        # The sampler's warper (transformers' TopPLogitsWarper), with a finite filter value: a token the
-        # current policy moved out of the nucleus gets a ratio of ~0 and a finite gradient, not NaN.
-        b, t, v = logits.shape
-        logits = TopPLogitsWarper(top_p, filter_value=-1e4)(None, logits.reshape(b * t, v)).reshape(b, t, v)
-    targets = input_ids[:, -logits_to_keep:]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 # ---- the loss ---------------------------------------------------------------------------------
@@ -126,10 +106,14 @@ class GRPOTrainer:
     parameters only. Rewards and advantages come from the harness, not from here.
     """
 
-    def __init__(self, policy, branch: str, cfg: GRPOConfig, max_tokens: int | None = None) -> None:
+    def __init__(self, policy, branch: str, cfg: GRPOConfig, max_tokens: int | None = None,
+                 shared_prompts: bool = True) -> None:
         # max_tokens: the most tokens one sequence may sample (dr_grpo's constant normaliser):
         # max_completion_length for a single turn, the whole episode's budget for a multi-turn one.
+        # shared_prompts: each distinct prompt of a micro-batch runs once (policy/logps.py); False runs
+        # every row whole, as TRL does (the same numbers up to float summation order, more FLOPs).
         self.policy, self.branch, self.cfg = policy, branch, cfg
+        self.shared_prompts = shared_prompts
         self.max_tokens = max_tokens or cfg.max_completion_length
         self.params = policy.parameters(branch)
         if not self.params:
@@ -158,26 +142,40 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(sd)
 
     def _batch(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:
-        """Left-pads prompts and right-pads completions into tensors. ``completion_mask`` is 1 on the
-        tokens the policy sampled (all of a single-turn completion; an episode's assistant turns)."""
+        """Each distinct prompt once (left-padded) with the row of each rollout's prompt, and the
+        completions right-padded. ``completion_mask`` is 1 on the tokens the policy sampled (all of a
+        single-turn completion; an episode's assistant turns); ``completion_attention`` on every real one."""
         dev = self.policy.device
-        P = max(len(r.prompt_ids) for r in rollouts)
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(r.prompt_ids), len(distinct)) for r in rollouts]
+        P = max(len(p) for p in distinct)
         T = max(max(len(r.completion_ids) for r in rollouts), 1)
-        ids, attn, cmask, old = [], [], [], []
+        comp, cattn, cmask, old = [], [], [], []
         for r in rollouts:
-            p, c = list(r.prompt_ids), list(r.completion_ids)
+            c = list(r.completion_ids)
             sampled = r.sampled_mask()   # an episode's tool results and turn headers are 0: no loss there
-            ids.append([self.pad_id] * (P - len(p)) + p + c + [self.pad_id] * (T - len(c)))
-            attn.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c)))
+            comp.append(c + [self.pad_id] * (T - len(c)))
+            cattn.append([1] * len(c) + [0] * (T - len(c)))
             keep = 0 if (self.cfg.mask_truncated_completions and r.truncated) else 1
             cmask.append([keep * m for m in sampled] + [0] * (T - len(c)))
             lps = iter(r.logprobs)   # the sampler's logprobs, of the sampled tokens, in order
             old.append([next(lps) if m else 0.0 for m in sampled] + [0.0] * (T - len(c)))
+        t = lambda x, dtype=torch.long: torch.tensor(x, device=dev, dtype=dtype)   # noqa: E731
         return {
-            "input_ids": torch.tensor(ids, device=dev), "attention_mask": torch.tensor(attn, device=dev),
-            "completion_mask": torch.tensor(cmask, device=dev, dtype=torch.float32),
-            "old_logps": torch.tensor(old, device=dev, dtype=torch.float32), "T": T,
+            "prompt_ids": t([[self.pad_id] * (P - len(p)) + list(p) for p in distinct]),
+            "prompt_mask": t([[0] * (P - len(p)) + [1] * len(p) for p in distinct]),
+            "rows": t(rows), "completion_ids": t(comp), "completion_attention": t(cattn),
+            "completion_mask": t(cmask, torch.float32), "old_logps": t(old, torch.float32), "T": T,
         }
+
+    def _logps(self, model, b: dict) -> torch.Tensor:
+        cfg = self.cfg
+        if self.shared_prompts:
+            return shared_prompt_logps(model, b["prompt_ids"], b["prompt_mask"], b["rows"], b["completion_ids"],
+                                       b["completion_attention"], cfg.temperature, cfg.top_p)
+        ids = torch.cat([b["prompt_ids"].index_select(0, b["rows"]), b["completion_ids"]], 1)
+        attention = torch.cat([b["prompt_mask"].index_select(0, b["rows"]), b["completion_attention"]], 1)
+        return per_token_logps(model, ids, attention, b["T"], cfg.temperature, cfg.top_p)
 
     def step(self, rollouts: Sequence[Rollout], advantages: Sequence[float]) -> dict[str, float]:
         if len(rollouts) != len(advantages):
@@ -199,11 +197,9 @@ class GRPOTrainer:
                     ref = None
                     if cfg.beta != 0.0:
                         with torch.no_grad(), self.policy.adapter(None) as base:
-                            ref = per_token_logps(base, batch["input_ids"], batch["attention_mask"], batch["T"],
-                                                  cfg.temperature, cfg.top_p)
+                            ref = self._logps(base, batch)
                         self.policy.model.set_adapter(self.branch)
-                    logps = per_token_logps(model, batch["input_ids"], batch["attention_mask"], batch["T"],
-                                            cfg.temperature, cfg.top_p)
+                    logps = self._logps(model, batch)
                     loss, s = grpo_loss(logps, batch["old_logps"], adv, batch["completion_mask"], cfg, ref,
                                         num_items_in_batch=total_tokens, num_micro_batches=len(batches),
                                         max_tokens=self.max_tokens)

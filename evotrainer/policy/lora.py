@@ -17,6 +17,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import get_peft_model_state_dict
 
+from evotrainer.policy.packed_linear import pack_frozen_linears
+
 PROBE_MESSAGES = [{"role": "user", "content": "What is 12 + 7? Answer: 19. What is 3 + 4?"}]
 
 
@@ -39,10 +41,12 @@ class AdapterNotAppliedError(RuntimeError):
 class Policy:
     """A base model with named LoRA adapters; ``adapter(name)`` selects one for a block of work."""
 
-    def __init__(self, model, tokenizer, lora: LoraSettings | None = None) -> None:
+    def __init__(self, model, tokenizer, lora: LoraSettings | None = None, packed: bool = True) -> None:
         self.tokenizer = tokenizer
         self.lora = lora or LoraSettings()
         self.base_model = model
+        if packed:   # the base weights never train: on a CPU, run them packed (policy/packed_linear.py)
+            pack_frozen_linears(model)
         self.model: PeftModel | None = None
         self.branches: list[str] = []
         self._base_probe: torch.Tensor | None = None

@@ -92,6 +92,10 @@ class CodeDomain(SandboxedDomain):
         return list(self._splits[split])
 
     # -- grading -------------------------------------------------------------------------------
+    def reference_completion(self, task: Task) -> str | None:
+        """The reference solution in the fenced block the prompt asks for (None without one)."""
+        return f"```python\n{task.answer.strip()}\n```" if task.answer.strip() else None
+
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[dict[str, Any]]:
         if len(tasks) != len(completions):
             raise ValueError(f"{self.name}: {len(tasks)} tasks but {len(completions)} completions")

@@ -52,6 +52,10 @@ class MathDomain(Domain):
     def verify(self, task: Task, completion: str) -> dict[str, Any]:
         return verify_math(completion, task.hidden.get("answer", task.answer))
 
+    def reference_completion(self, task: Task) -> str | None:
+        """The answer after the tag the prompt asks for: ``Answer: 107``."""
+        return f"Answer: {task.hidden.get('answer', task.answer)}"
+
     # -- user files ----------------------------------------------------------------------------
 
     def _from_files(self, files: dict[str, str | Path], sizes: dict[str, int | None],

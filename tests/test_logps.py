@@ -1,0 +1,97 @@
+"""The trainer's two ways to per-token log-probs (policy/logps.py): each distinct prompt once, or every
+row whole. Same values and same LoRA gradients on a batch whose groups share prompts of unequal length."""
+
+import torch
+
+from evotrainer.policy.base_model import load_base_model
+from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer
+from evotrainer.policy.lora import LoraSettings, Policy
+from evotrainer.records.rollout import Rollout
+
+
+def _policy():
+    model, tok = load_base_model("tiny-random", seed=0, initializer_range=0.2)
+    pol = Policy(model, tok, LoraSettings(r=4, lora_alpha=8))
+    pol.create("b0")
+    with torch.no_grad():
+        for p in pol.parameters("b0"):
+            p.add_(torch.randn_like(p) * 0.1)
+    return pol
+
+
+def _rollouts(tok):
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 2000, (n,), generator=g).tolist() for n in (7, 11, 4)]
+    out = []
+    for i in range(9):   # three groups of three, completions of unequal length
+        c = torch.randint(5, 2000, (3 + i % 4,), generator=g).tolist()
+        out.append(Rollout(task_id=str(i // 3), messages=[], completion="", prompt_ids=prompts[i // 3],
+                           completion_ids=c, logprobs=[-1.0] * len(c), group=i // 3))
+    return out
+
+
+def _logps_and_grads(pol, rollouts, shared, temperature=0.7, top_p=1.0):
+    tr = GRPOTrainer(pol, "b0", GRPOConfig(temperature=temperature, top_p=top_p, num_generations=3),
+                     shared_prompts=shared)
+    batch = tr._batch(rollouts)
+    for p in tr.params:
+        p.grad = None
+    with pol.adapter("b0") as m:
+        lp = tr._logps(m, batch)
+        (lp * batch["completion_mask"]).sum().backward()
+    return lp.detach(), [p.grad.clone() for p in tr.params], batch
+
+
+def test_shared_prompts_give_the_same_logps_and_gradients():
+    pol = _policy()
+    rollouts = _rollouts(pol.tokenizer)
+    for top_p in (1.0, 0.9):
+        shared, g_shared, batch = _logps_and_grads(pol, rollouts, True, top_p=top_p)
+        whole, g_whole, _ = _logps_and_grads(pol, rollouts, False, top_p=top_p)
+        assert batch["prompt_ids"].shape[0] == 3 and batch["rows"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        mask = batch["completion_mask"]
+        assert float(((shared - whole).abs() * mask).max()) < 1e-4
+        assert float((shared * mask).abs().sum()) > 1.0   # not vacuous
+        for a, b in zip(g_shared, g_whole):
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-3)
+        assert any(float(a.abs().max()) > 1e-3 for a in g_shared)
+
+
+def test_each_row_alone_equals_its_row_in_the_shared_batch():
+    """Left padding of the shorter prompts and right padding of the shorter completions change nothing."""
+    pol = _policy()
+    rollouts = _rollouts(pol.tokenizer)
+    batch_lp, _, batch = _logps_and_grads(pol, rollouts, True)
+    for i, r in enumerate(rollouts):
+        alone, _, _ = _logps_and_grads(pol, [r], True)
+        n = len(r.completion_ids)
+        assert torch.allclose(alone[0, :n], batch_lp[i, :n], atol=1e-4)
+
+
+def test_answer_logprobs_are_the_summed_token_logprobs_of_each_answer():
+    from evotrainer.policy.answer_logprob import answer_logprobs
+    from evotrainer.policy.grpo import per_token_logps
+    from evotrainer.policy.rollout_engine import chat_ids
+
+    pol = _policy()
+    tok = pol.tokenizer
+    prompts = [[{"role": "user", "content": q}] for q in ("What is 2 + 2?", "What is 30 + 12?", "What is 2 + 2?")]
+    answers = ["Answer: 4", "Answer: 42", "Answer: 5"]
+    got = answer_logprobs(pol, "b0", prompts, answers, batch_size=2)
+    for p, a, g in zip(chat_ids(tok, prompts), answers, got):
+        c = tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ids = torch.tensor([p + c])
+        with torch.no_grad(), pol.adapter("b0") as m:
+            want = float(per_token_logps(m, ids, torch.ones_like(ids), len(c)).sum())
+        assert abs(g - want) < 1e-3
+    assert got[0] != got[2]            # the answer matters, not only the prompt
+
+
+def test_reference_completions_pass_their_verifier():
+    from evotrainer.domains import get_domain
+
+    for name, kw in (("math", dict(difficulty=[1, 2, 3])), ("code", dict(difficulty=2))):
+        d = get_domain(name, n_train=6, n_heldout=4, n_test=4, **kw)
+        tasks = d.tasks("test")
+        verdicts = d.verify_batch(tasks, [d.reference_completion(t) for t in tasks])
+        assert all(v["correct"] for v in verdicts), name
