@@ -36,15 +36,24 @@ MODES = ("reference", "recipe-search", "evolve")
 
 
 def best_version(exp: Experiment):
-    """The run's own final pick (its best valid survivor on the selection draw), as `evotrainer run`
-    reports it; runs without one fall back to the best settled version on the gate draw."""
+    """The run's own final pick (its best valid survivor on the selection draw, or the untrained model
+    when every survivor ranks below it), as `evotrainer run` reports it; runs without one fall back to
+    the best settled version on the gate draw."""
+    from evotrainer.loop.start import START, start_dir
+    from evotrainer.records.version import BranchVersion
+
     final = exp.state.final or {}
+    if final.get("version") == START:   # the start as a version record: its draws, no steps
+        return BranchVersion(id=START, base_model=exp.cfg.model, genome_hash="", parents=[], metrics={
+            "heldout_accuracy": exp.state.start["heldout_accuracy"],
+            "selection_accuracy": exp.state.start["selection_accuracy"]}), start_dir(exp)
     if final.get("version"):
-        return exp.vdir(final["version"]).meta()
+        return exp.vdir(final["version"]).meta(), exp.vdir(final["version"])
     metas = [exp.vdir(v).meta() for v in exp.versions()]
     valid = [m for m in metas if m.status in ("kept", "promoted", "pruned", "rejected") and "heldout_accuracy" in m.metrics]
     settled = [m for m in valid if m.status in ("kept", "promoted", "pruned")] or valid
-    return max(settled, key=lambda m: (m.metrics["heldout_accuracy"], -m.generation))
+    best = max(settled, key=lambda m: (m.metrics["heldout_accuracy"], -m.generation))
+    return best, exp.vdir(best.id)
 
 
 CORE = ("gen_seconds", "train_seconds", "verify_seconds")   # generation and gradient steps
@@ -188,17 +197,19 @@ def main() -> None:
             cfg.run_dir = str(root / f"{name}-s{seed}")
             exp = Experiment(cfg)
             exp.run()
-            best = best_version(exp)
-            scores = by_seed(task_scores(exp.vdir(best.id).rollouts("heldout")))
+            best, best_dir = best_version(exp)
+            started = best.id == "start"   # every trained version ranked below the untrained model
+            scores = by_seed(task_scores(best_dir.rollouts("heldout")))
             selection = best.metrics.get("selection_accuracy", best.metrics["heldout_accuracy"])
             row = {"seed": seed, "best": best.id, "heldout": selection, "gate_heldout": best.metrics["heldout_accuracy"],
-                   "scores": scores, "lineage_steps": lineage_steps(exp, best.id),
+                   "scores": scores, "lineage_steps": 0 if started else lineage_steps(exp, best.id),
                    "versions": len(exp.versions()), **timing(exp)}
             if mode != "reference":
                 row["children"] = children(exp)
-                row["lineage"] = lineage(exp, best.id)
+                row["lineage"] = [] if started else lineage(exp, best.id)
             if not args.no_test:
-                row["test_scores"] = test_scores(exp, best.id)
+                row["test_scores"] = (by_seed(task_scores(best_dir.rollouts("test"))) if started
+                                      else test_scores(exp, best.id))
                 row["test"] = mean_score(row["test_scores"])
             results.setdefault(name, []).append(row)
             if done:

@@ -157,6 +157,9 @@ class EvolutionConfig(_Section):
                                            "statistics say the survivor regressed from it")
     keep_ties: bool = Field(True, description="a child that ties its control lives on as a branch of its own "
                                               "(up to population_size); false: only promoted children survive")
+    stop_below_start: bool = Field(True, description="stop when every lineage is below the untrained model (the start "
+                                   "beats the best survivor by the revert's paired rule) at two selections in a row; the "
+                                   "final pick is never below the start either way")
     exploit_share: float = Field(0.0, ge=0, lt=1, description="share of budget.train_steps kept for the best "
                                  "lineage alone: once the next generation would pass the rest, no more children; "
                                  "the elite is continued until the budget is spent (0: explore to the end)")

@@ -35,6 +35,7 @@ from evotrainer.loop.revert import apply_revert, plan_reverts
 from evotrainer.loop.runtime import Runtime
 from evotrainer.loop.selection import Candidate, survivors as select_survivors
 from evotrainer.loop.skills import SkillLibrary
+from evotrainer.loop.start import note_selection, verify_start
 from evotrainer.loop.summary import print_summary
 from evotrainer.loop.seed import seed_program
 from evotrainer.loop.validate import validate_resources
@@ -120,6 +121,8 @@ class Experiment:
             s.live = [new_version(self, None, seed.source, 0)]
             self.save()
         try:
+            if s.start is None:
+                verify_start(self)   # the untrained model's scores, before any training
             while s.generation < self.cfg.evolution.generations and s.status == "running":
                 self.run_generation()
         except BudgetReached as e:
@@ -127,7 +130,7 @@ class Experiment:
             for vid in s.live:  # proposed but never trained: keep the record, mark why
                 if self.vdir(vid).meta().status in ("pending", "awaiting_approval"):
                     self.budget_left(vid)
-            self.say(f"budget reached: {e}; stopping cleanly")
+            self.say(f"stopping cleanly: {e}")
         finally:
             self.close_executor()   # the loop's training is over (or paused): workers and their models go
         if s.status == "running":
@@ -189,6 +192,7 @@ class Experiment:
             reverts: list[dict] = []
             if self.cfg.evolution.revert:
                 survivors, reverts = plan_reverts(self, survivors, g)
+            note_selection(self, g, survivors)
             plan = {"generation": g, "survivors": survivors, "reverts": reverts,
                     "prune": [c.version_id for c in cands if c.version_id not in survivors]}
             s.selection, s.survivors = plan, list(survivors)

@@ -38,14 +38,25 @@ def _fmt(x: float | None) -> str:
 
 
 def final_line(final: dict | None) -> str | None:
-    """The final pick and its test-split score, as the summary prints it."""
+    """The final pick and its test-split score, beside the untrained model's, as the summary prints it."""
     if not final:
         return None
-    if "test_accuracy" not in final:
+    if final.get("test_accuracy") is None:
         return f"final pick {final['version']}: no test score ({final.get('error', 'not measured')})"
-    return (f"final pick {final['version']}: test accuracy {final['test_accuracy']:.3f} on {final['test_tasks']} "
+    start = final.get("start_test_accuracy")
+    if final["version"] == "start":
+        return (f"final pick: the untrained model, test accuracy {final['test_accuracy']:.3f} on {final['test_tasks']} "
+                "test task(s): training made the policy worse (no trained version ranked above the untrained model "
+                "on the selection draw)")
+    line = (f"final pick {final['version']}: test accuracy {final['test_accuracy']:.3f} on {final['test_tasks']} "
             f"test task(s), never seen by the loop (selection draw {_fmt(final.get('selection_accuracy'))}, "
             f"gate draw {_fmt(final.get('gate_heldout_accuracy'))})")
+    if start is not None:
+        delta = final["test_accuracy"] - start
+        line += f"; the untrained model scores {start:.3f} ({delta:+.3f})"
+        if delta < 0:
+            line += ": training made the policy worse on the test split"
+    return line
 
 
 def print_summary(exp: Experiment, console: Console | None = None) -> None:

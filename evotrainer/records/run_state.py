@@ -36,6 +36,7 @@ class RunState:
     operator_stats: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)  # interventions and their outcomes
     final: dict[str, Any] | None = None   # the final pick and its test-split score (loop/final_pick.py)
+    start: dict[str, Any] | None = None   # the untrained model's held-out scores (loop/start.py)
     events: list[str] = field(default_factory=list)
 
     def new_id(self) -> str:
@@ -77,7 +78,7 @@ def load_state(run_dir: str | Path) -> RunState:
 _TYPES = {"generation": int, "stage": str, "status": str, "stop_reason": (str, type(None)), "live": list,
           "survivors": list, "selection": (dict, type(None)), "exploit_from": (int, type(None)), "next_id": int,
           "budget_used": dict, "approvals": dict, "operator_stats": dict, "history": list,
-          "final": (dict, type(None)), "events": list}
+          "final": (dict, type(None)), "start": (dict, type(None)), "events": list}
 
 
 def _wrong_types(state: RunState) -> list[str]:
