@@ -214,7 +214,7 @@ class Experiment:
         s = self.state
         why = ""
         if s.exploit_from is None:
-            overruns, why = exploration_overruns(self.cfg, s.budget_used.get("train_steps", 0), len(survivors))
+            overruns, why = exploration_overruns(self.cfg, s.budget_used.get("train_steps", 0), len(survivors), g)
             if not overruns:
                 return survivors
             s.exploit_from = g

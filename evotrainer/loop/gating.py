@@ -148,12 +148,15 @@ def after_gate(exp: Experiment, meta: BranchVersion, control: str | None) -> Non
         if hasattr(knobs, "tell"):   # TPE learns from the paired delta against the control, not raw scores
             knobs.tell(meta.genome_hash, delta.get("mean_delta") if meta.status != "invalid" else None)
     if exp.mix_loaded and meta.operator:
+        # Credit is fitness: a confirmed hypothesis whose child did not win (truncation fell, held-out
+        # did not rise) used to raise its entry's weight, and the entry was proposed again and again.
         entry = ((meta.intervention or {}).get("details") or {}).get("entry")
-        exp.mix.credit(meta.operator, meta.status == "promoted" or verdict == "confirmed", entry=entry)
+        exp.mix.credit(meta.operator, meta.status == "promoted", entry=entry)
     for h in exp.state.history:
         if h.get("child") == meta.id:
             h["outcome"] = meta.status
             h["heldout_accuracy"] = score
+            h["paired_delta"] = delta.get("mean_delta")
             h["hypothesis_verdict"] = verdict
     if meta.status == "promoted" and meta.intervention and verdict == "confirmed":
         parent_health = exp.vdir(meta.parents[0]).path / "health.json"

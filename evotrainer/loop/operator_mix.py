@@ -51,6 +51,6 @@ def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: l
                       repair="llm_repair" in weights, proposal_timeout_s=llm.proposal_timeout_s)
     for h in history:   # the bandit resumes from what earlier generations' gates said
         if h.get("operator") in weights and h.get("outcome") in GATED:
-            mix.credit(h["operator"], h["outcome"] == "promoted" or h.get("hypothesis_verdict") == "confirmed",
+            mix.credit(h["operator"], h["outcome"] == "promoted",
                        entry=h.get("entry"))
     return mix

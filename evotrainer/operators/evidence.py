@@ -15,6 +15,9 @@ class Evidence:
     history: list[dict[str, Any]] = field(default_factory=list)   # earlier interventions and outcomes
     gaps: list[dict[str, Any]] = field(default_factory=list)      # invalid branches no validity check flagged
     known_hashes: set[str] = field(default_factory=set)           # genomes already tried (duplicates)
+    # "<parent genome hash>:<library entry>" of interventions refuted on fitness from that parent harness
+    # (a child that lost, tied with no gain, or was invalid): not proposed from that harness again
+    refuted: set[str] = field(default_factory=set)
     allow_multi_factor: bool = False
     failed_source: str | None = None    # llm_repair: the child that failed ...
     failure: str | None = None          # ... and the error text it failed with
@@ -40,6 +43,7 @@ class Evidence:
             return cls(health_report=d)
         return cls(health_report=d.get("health_report") or {}, skills=list(d.get("skills") or []),
                    history=list(d.get("history") or []), known_hashes=set(d.get("known_hashes") or []),
+                   refuted=set(d.get("refuted") or []),
                    gaps=list(d.get("gaps") or []),
                    allow_multi_factor=bool(d.get("allow_multi_factor", False)),
                    failed_source=d.get("failed_source"), failure=d.get("failure"))

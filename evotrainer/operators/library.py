@@ -217,6 +217,9 @@ def applicable_entries(parent: HarnessProgram, evidence: Evidence, entries: Sequ
     metrics = report_metrics(evidence.health_report or {})
     found, skipped = [], {}
     for entry in entries:
+        if f"{parent.hash}:{entry.id}" in evidence.refuted:
+            skipped[entry.id] = "refuted on fitness from this parent harness already"
+            continue
         if not entry.fires(metrics):
             skipped[entry.id] = "trigger does not fire"
             continue

@@ -151,7 +151,7 @@ class OperatorMix:
     was built but failed the contract is handed once to ``llm_repair`` with the error text.
 
     The weights adapt (a Bernoulli bandit, as ShinkaEvolve adapts its choice of LLMs): ``credit``
-    records whether an operator's gated child succeeded (promoted, or its claim confirmed), and each
+    records whether an operator's gated child succeeded (promoted: a fitness win), and each
     draw multiplies an operator's configured weight by a Thompson sample from Beta(1 + successes,
     1 + failures). ``entry_weights`` is the same for the entries of the intervention library, kept
     as the mean of that Beta so the ``library`` operator can read it.
@@ -188,7 +188,7 @@ class OperatorMix:
 
     def _weigh_entries(self) -> None:
         """The library operator draws an entry by its own weight times twice its posterior mean (1 with
-        no evidence yet), so entries whose children are promoted or confirmed are proposed more."""
+        no evidence yet), so entries whose children are promoted are proposed more."""
         op = self._instances.get("library")
         if op is None or not hasattr(op, "set_weights"):
             return

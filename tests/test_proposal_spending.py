@@ -1,0 +1,94 @@
+"""Where the propose stage spends (loop/proposals.py): an intervention refuted on fitness is not
+proposed from the same parent harness again, no child is proposed the step budget cannot train,
+promoted factors are put together, and operators are credited for fitness, not for a confirmed
+mechanism."""
+
+import json
+from pathlib import Path
+
+from evotrainer.config import parse_config
+from evotrainer.genome import reference_program as reference
+from evotrainer.loop.experiment import Experiment
+from evotrainer.loop.proposals import children_the_budget_allows, compound, promoted_factors, propose_compound, refuted
+from evotrainer.operators import Evidence, get_operator
+
+from test_experiment import tiny_cfg
+
+REPORT = json.loads((Path(__file__).parent / "fixtures" / "health_report_demo.json").read_text())
+
+
+def test_an_entry_refuted_from_a_parent_harness_is_not_offered_for_it_again():
+    op = get_operator("library")
+    parent = reference()
+    fired = {a.entry.id for a in op.applicable(parent, Evidence(health_report=REPORT))[0]}
+    assert fired
+    entry = sorted(fired)[0]
+    found, skipped = op.applicable(parent, Evidence(health_report=REPORT, refuted={f"{parent.hash}:{entry}"}))
+    assert entry not in {a.entry.id for a in found} and "refuted on fitness" in skipped[entry]
+    # Refuted from another harness: this one may still try it.
+    found, _ = op.applicable(parent, Evidence(health_report=REPORT, refuted={f"other:{entry}"}))
+    assert entry in {a.entry.id for a in found}
+
+
+def test_what_counts_as_refuted_on_fitness(tmp_path):
+    exp = Experiment(parse_config(tiny_cfg(tmp_path / "run")))
+    exp.state.history = [
+        {"entry": "a", "child": "v1", "parent_hash": "p", "outcome": "rejected"},
+        {"entry": "b", "child": "v2", "parent_hash": "p", "outcome": "kept", "paired_delta": 0.0},
+        {"entry": "c", "child": "v3", "parent_hash": "p", "outcome": "kept", "paired_delta": 0.05},
+        {"entry": "d", "child": "v4", "parent_hash": "p", "outcome": "promoted", "paired_delta": 0.2},
+        {"entry": "e", "child": "v5", "parent_hash": "p", "outcome": "invalid"},
+        {"entry": "f", "parent_hash": "p", "outcome": "backtest_rejected"},    # never trained: no fitness verdict
+        {"entry": "g", "child": "v6", "parent_hash": "q", "outcome": "pruned", "paired_delta": -0.1},
+    ]
+    assert refuted(exp) == {"p:a", "p:b", "p:e", "q:g"}
+    exp.close()
+
+
+def test_no_more_children_than_the_step_budget_can_train(tmp_path):
+    exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=1, budget={"train_steps": 10},
+                                           steps_per_generation=2)))
+    exp.run()                       # gen 0 trains the seed: 2 steps; it survives
+    exp.state.budget_used["train_steps"] = 5
+    exp.continue_survivors(1)       # one continuation: 2 more steps, 3 left, room for 1 child of 2
+    assert len(exp.state.live) == 1
+    assert children_the_budget_allows(exp, 2) == 1
+    exp.state.budget_used["train_steps"] = 8
+    assert children_the_budget_allows(exp, 2) == 0
+    assert any("0 child(ren) instead of 2" in e for e in exp.state.events)
+    exp.close()
+
+
+def test_promoted_factors_compound(tmp_path):
+    """Two survivors whose lineages each carry a promoted knob change: the compound child is the one
+    with the other's factor, a real child of the generation (backtested, pending, two parents)."""
+    exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=2, population_size=3,
+                                           operators={"knobs": 1.0})))
+    exp.run()
+    children = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().operator == "knobs"]
+    a, b = children[0], next(c for c in children[1:] if c.factor != children[0].factor)
+    for m in (a, b):
+        m.status = "promoted"
+        exp.vdir(m.id).save_meta(m)
+    assert promoted_factors(exp, a.id) == [a.factor]
+    pid, other, factor = compound(exp, [a.id, b.id])
+    assert {pid, other} == {a.id, b.id} and factor == exp.vdir(other).meta().factor
+    exp.state.status, exp.state.generation = "running", 2
+    assert propose_compound(exp, pid, other, factor, 2)
+    cid = exp.state.live[-1]
+    child = exp.vdir(cid).meta()
+    assert child.status == "pending" and child.parents == [pid, other] and child.factor == factor
+    assert set(promoted_factors(exp, pid)) | {factor} == {a.factor, b.factor}
+    assert compound(exp, [a.id, b.id]) != (pid, other, factor)    # the same compound is not proposed twice
+    exp.close()
+
+
+def test_operators_are_credited_for_promotions_only(tmp_path):
+    from evotrainer.loop.operator_mix import operator_mix
+
+    cfg = parse_config(tiny_cfg(tmp_path / "run", operators={"library": 1.0, "knobs": 1.0}))
+    history = [{"operator": "library", "entry": "more_generations", "outcome": "rejected",
+                "hypothesis_verdict": "confirmed"}] * 3
+    mix = operator_mix(cfg, tmp_path, None, history)
+    assert mix.outcomes["library"] == [0, 3]           # a confirmed mechanism is not a fitness win
+    assert mix.entry_weights["more_generations"] < 0.5
