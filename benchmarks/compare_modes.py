@@ -1,12 +1,23 @@
-"""reference vs recipe-search vs evolve at equal budget on math, several seeds.
+"""reference vs evolve vs random-library (vs recipe-search) on math, several seeds, two protocols.
 
-Each (mode, seed) is a full run of the loop with the same engine, data, held-out tasks and
-training-step budget. A run's result is its final pick: the best valid survivor on the held-out
-selection draw, which the run itself verifies on the test split at its end (nothing in the loop sees
-test). The selection score favours modes that try more versions (a max over more draws), so the
-paired bootstrap CIs against `reference` are over (task, seed) pairs of the test score. Prints the
-table (mean ± sd over seeds) and the share of wall time spent outside generation and gradient steps,
-with where that time went.
+Each (protocol, mode, seed) is a full run of the loop with the same engine, data, held-out tasks and
+seeds. Two fair views of the same question (FIELD-NOTES), both reported:
+
+- **total**: equal total training steps (``budget.train_steps = --steps`` for every mode). The
+  search's cost is counted: siblings, controls and children share the budget, so the pick's lineage
+  is shallower than the fixed recipe's one lineage (the exploit phase, on by default with a step
+  budget, gives the end of the budget to the elite).
+- **depth**: equal lineage depth, the method paper's protocol. Every mode runs ``--steps /
+  steps_per_generation`` generations with no step budget, so the final pick has trained as many steps
+  on its lineage as the reference; the harness-changing modes explore in the first half (exploit
+  share 0.5 of the generations) and their exploration is reported as extra steps.
+
+A run's result is its final pick: the best valid survivor on the held-out selection draw (or the
+untrained model, when every survivor ranks below it), which the run itself verifies on the test split
+at its end (nothing in the loop sees test). The selection score favours modes that try more versions
+(a max over more draws), so the paired bootstrap CIs against `reference` are over (task, seed) pairs
+of the test score. Prints each protocol's table (mean ± sd over seeds), the steps each mode spent,
+and the share of wall time spent outside generation and gradient steps, with where that time went.
 
     python benchmarks/compare_modes.py [--config examples/quickstart.yaml] [--seeds 0,1,2] [--steps 12]
     python benchmarks/compare_modes.py --model tiny-random --steps 4 --seeds 0,1   # smoke run
@@ -32,7 +43,8 @@ from evotrainer.records.scores import by_seed, task_scores
 from evotrainer.config import load_config
 from evotrainer.loop.experiment import Experiment
 
-MODES = ("reference", "recipe-search", "evolve")
+MODES = ("reference", "evolve", "random-library")
+PROTOCOLS = ("total", "depth")
 
 
 def best_version(exp: Experiment):
@@ -155,7 +167,9 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--steps-per-generation", type=int, default=None)
     ap.add_argument("--eval-size", type=int, default=None, help="held-out tasks verified per version")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES), help="of reference, evolve, random-library, recipe-search")
+    ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="total (equal total steps), depth (equal "
+                    "lineage depth), or both")
     ap.add_argument("--out", default=None, help="keep run dirs here (default: a temp dir)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-test", action="store_true", help="skip verifying each run's best version on the test split")
@@ -173,16 +187,14 @@ def main() -> None:
         results = json.loads(done.read_text())["results"]
         print(f"resuming from {done}: " + ", ".join(f"{m} seeds {[r['seed'] for r in rs]}" for m, rs in results.items()))
     exp = None
-    for seed in map(int, args.seeds.split(",")):
-        for mode in args.modes.split(","):
-            name = args.label or mode
+    for seed, protocol, mode in [(s_, p_, m_) for s_ in map(int, args.seeds.split(","))
+                                 for p_ in args.protocols.split(",") for m_ in args.modes.split(",")]:
+            name = f"{args.label or mode}@{protocol}"
             if any(r["seed"] == seed for r in results.get(name, [])):
                 continue
             cfg = load_config(args.config)
             cfg.seed, cfg.evolution.mode = seed, mode
-            cfg.evolution.budget.train_steps = args.steps
             cfg.evolution.budget.wall_time_s = None
-            cfg.evolution.generations = 1000  # the step budget ends every run
             cfg.evolution.user_skills = False
             if mode == "reference":
                 cfg.evolution.population_size = 1
@@ -194,7 +206,18 @@ def main() -> None:
                 cfg.train.eval_size = args.eval_size
             for item in args.set:
                 override(cfg, item)
-            cfg.run_dir = str(root / f"{name}-s{seed}")
+            if protocol == "total":
+                cfg.evolution.budget.train_steps = args.steps
+                cfg.evolution.generations = 1000  # the step budget ends every run
+            else:   # depth: the pick's lineage trains --steps steps; exploration is extra
+                k = cfg.evolution.steps_per_generation
+                if args.steps % k:
+                    raise SystemExit(f"--steps {args.steps} is not a multiple of steps_per_generation {k}")
+                cfg.evolution.budget.train_steps = None
+                cfg.evolution.generations = args.steps // k
+                if cfg.evolution.exploit_share is None:
+                    cfg.evolution.exploit_share = 0.5
+            cfg.run_dir = str(root / f"{args.label or mode}-{protocol}-s{seed}")
             exp = Experiment(cfg)
             exp.run()
             best, best_dir = best_version(exp)
@@ -203,6 +226,7 @@ def main() -> None:
             selection = best.metrics.get("selection_accuracy", best.metrics["heldout_accuracy"])
             row = {"seed": seed, "best": best.id, "heldout": selection, "gate_heldout": best.metrics["heldout_accuracy"],
                    "scores": scores, "lineage_steps": 0 if started else lineage_steps(exp, best.id),
+                   "train_steps": exp.state.budget_used.get("train_steps", 0), "stop_reason": exp.state.stop_reason,
                    "versions": len(exp.versions()), **timing(exp)}
             if mode != "reference":
                 row["children"] = children(exp)
@@ -220,7 +244,6 @@ def main() -> None:
                   f"wall {row['wall_s']:.0f} s, overhead {row['overhead_share']:.1%} ("
                   + ", ".join(f"{k} {v:.1f}" for k, v in row["overhead_parts_s"].items()) + " s)", flush=True)
 
-    from evotrainer.fitness.paired_stats import decide_promotion
 
     base = None
     if exp is None:   # everything came from --json: load one run for the base-model score
@@ -238,30 +261,9 @@ def main() -> None:
                                                      max_new_tokens=tc.eval_max_new_tokens,
                                                      temperature=tc.eval_temperature, seeds=tc.eval_seeds))))
 
-    print(f"\nequal budget: {args.steps} training steps per run; seeds {args.seeds}")
-    split = "held-out" if args.no_test else "test"
-    key = "scores" if args.no_test else "test_scores"
-    print(f"{'mode':>13}  held-out (selection)  {split} mean ± sd   {split} vs reference: mean Δ [90% CI]   "
-          "overhead (excl. / incl. proposals)  steps on the pick's lineage")
-    ref = results.get("reference")
-    if base is not None:
-        print(f"{'base model':>13}  -                     {base:.3f}              (no training)")
-    for mode, rows in results.items():
-        sel = statistics.fmean(r["heldout"] for r in rows)
-        accs = [mean_score(r[key]) for r in rows]
-        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        ci = ""
-        if ref and mode != "reference":
-            # Pair (task, seed): the same task under the same run seed in both modes.
-            child = {f"{t}@{r['seed']}": v for r in rows for t, v in r[key].items()}
-            parent = {f"{t}@{r['seed']}": v for r in ref for t, v in r[key].items()}
-            d = decide_promotion(child, parent, level=0.9)
-            ci = f"{d.mean_delta:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}]"
-        ov = statistics.fmean(r["overhead_share"] for r in rows)
-        ov2 = statistics.fmean(r["overhead_share_incl_propose"] for r in rows)
-        depth = ", ".join(str(r.get("lineage_steps", "?")) for r in rows)
-        print(f"{mode:>13}  {sel:.3f}                 {statistics.fmean(accs):.3f} ± {sd:.3f}        {ci:<34} "
-              f"{ov:.1%} / {ov2:.1%}                {depth}")
+    for protocol in sorted({n.partition("@")[2] or "total" for n in results}):
+        print_protocol(protocol, {n: rs for n, rs in results.items() if (n.partition("@")[2] or "total") == protocol},
+                       base, args)
     parts: dict[str, float] = {}
     for rows in results.values():
         for r in rows:
@@ -273,6 +275,48 @@ def main() -> None:
     report_children(results)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "base_test": base, "results": results}, indent=2))
+
+
+PROTOCOL_TITLES = {"total": "equal total training steps", "depth": "equal lineage depth (exploration is extra steps)"}
+
+
+def print_protocol(protocol: str, results: dict[str, list[dict]], base: float | None, args) -> None:
+    """One protocol's table: each mode against reference (and evolve against random-library), paired
+    over (task, seed) of the test split, with the steps the pick's lineage and the whole run trained."""
+    from evotrainer.fitness.paired_stats import decide_promotion
+
+    print(f"\n{PROTOCOL_TITLES.get(protocol, protocol)}: --steps {args.steps}; seeds {args.seeds}")
+    split = "held-out" if args.no_test else "test"
+    key = "scores" if args.no_test else "test_scores"
+    print(f"{'mode':>22}  selection  {split} mean ± sd   {split} vs reference: mean Δ [90% CI]   "
+          "overhead (excl./incl. proposals)  pick's lineage steps  total steps")
+    ref = next((rs for n, rs in results.items() if n.partition("@")[0] == "reference"), None)
+    rand = next((rs for n, rs in results.items() if n.partition("@")[0] == "random-library"), None)
+    if base is not None:
+        print(f"{'untrained model':>22}  -          {base:.3f}              (no training)")
+
+    def paired(rows, other):
+        child = {f"{t}@{r['seed']}": v for r in rows for t, v in r[key].items()}
+        parent = {f"{t}@{r['seed']}": v for r in other for t, v in r[key].items() if r["seed"] in {x["seed"] for x in rows}}
+        d = decide_promotion(child, {k: v for k, v in parent.items() if k in child}, level=0.9)
+        return f"{d.mean_delta:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}]"
+
+    for mode, rows in results.items():
+        sel = statistics.fmean(r["heldout"] for r in rows)
+        accs = [mean_score(r[key]) for r in rows]
+        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        ci = paired(rows, ref) if ref and mode.partition("@")[0] != "reference" else ""
+        ov = statistics.fmean(r["overhead_share"] for r in rows)
+        ov2 = statistics.fmean(r["overhead_share_incl_propose"] for r in rows)
+        depth = ", ".join(str(r.get("lineage_steps", "?")) for r in rows)
+        total = ", ".join(f"{r['train_steps']:.0f}" if "train_steps" in r else "?" for r in rows)
+        print(f"{mode:>22}  {sel:.3f}      {statistics.fmean(accs):.3f} ± {sd:.3f}        {ci:<34} "
+              f"{ov:.1%} / {ov2:.1%}                {depth:<20}  {total}")
+        if rand and mode.partition("@")[0] == "evolve":
+            print(f"{'':>22}  evolve vs random-library: {paired(rows, rand)}")
+        starts = [r["seed"] for r in rows if r["best"] == "start"]
+        if starts:
+            print(f"{'':>22}  seeds {starts}: every trained version ranked below the untrained model; it is the pick")
 
 
 def report_children(results: dict[str, list[dict]]) -> None:

@@ -132,9 +132,15 @@ class BudgetConfig(_Section):
     wall_time_s: float | None = Field(None, gt=0, description="wall-clock seconds for the whole run")
 
 
+# The modes that fix the operators (the others: ``evolution.operators``; reference proposes nothing).
+MODE_OPERATORS: dict[str, dict[str, float]] = {"recipe-search": {"knobs": 1.0},
+                                               "random-library": {"random_library": 1.0}}
+
+
 class EvolutionConfig(_Section):
-    mode: Literal["evolve", "reference", "recipe-search"] = Field(
-        "evolve", description="evolve: all operators; reference: fixed reference harness; recipe-search: knobs only")
+    mode: Literal["evolve", "reference", "recipe-search", "random-library"] = Field(
+        "evolve", description="evolve: all operators; reference: fixed reference harness; recipe-search: knobs only; "
+        "random-library: library entries drawn at random, no diagnosis (the best-of-N baseline)")
     population_size: int = Field(4, ge=1, le=1024)
     children_per_generation: int = Field(2, ge=0, le=1024)
     generations: int = Field(3, ge=1, le=100_000)

@@ -92,3 +92,26 @@ def test_operators_are_credited_for_promotions_only(tmp_path):
     mix = operator_mix(cfg, tmp_path, None, history)
     assert mix.outcomes["library"] == [0, 3]           # a confirmed mechanism is not a fitness win
     assert mix.entry_weights["more_generations"] < 0.5
+
+
+def test_random_library_draws_entries_without_reading_the_report(tmp_path):
+    """The best-of-N baseline: with no metrics at all (no trigger can fire) it still proposes, every
+    entry it can, uniformly; the diagnosing library proposes nothing then."""
+    import pytest
+
+    from evotrainer.operators import OperatorError
+
+    empty = Evidence(health_report={"metrics": {}})
+    with pytest.raises(OperatorError, match="fires"):
+        get_operator("library").propose([reference()], empty)
+    seen = set()
+    for seed in range(12):
+        iv = get_operator("random_library", seed=seed).propose([reference()], empty)
+        assert iv.operator == "random_library"
+        seen.add(iv.details["entry"])
+    assert len(seen) >= 5
+    exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=2, mode="random-library")))
+    exp.run()
+    kids = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().operator]
+    assert kids and all(k.operator == "random_library" for k in kids)
+    exp.close()

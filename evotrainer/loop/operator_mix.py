@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from evotrainer.config import Config
+from evotrainer.config import MODE_OPERATORS, Config
 from evotrainer.operators.llm_client import LocalClient, OpenAIClient, TokenBudget, proposal_deadline
 from evotrainer.operators.registry import OperatorMix
 
@@ -30,7 +30,7 @@ class DeadlineMix(OperatorMix):
 def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: list[dict] = (),
                  say: Callable[[str], None] | None = None) -> OperatorMix:
     ev = cfg.evolution
-    weights = {"knobs": 1.0} if ev.mode == "recipe-search" else dict(ev.operators)
+    weights = MODE_OPERATORS.get(ev.mode) or dict(ev.operators)
     llm = ev.llm
     if llm.base_url:
         client = OpenAIClient(llm.base_url, llm.model, api_key_env=llm.api_key_env, timeout=llm.timeout_s,

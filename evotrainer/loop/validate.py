@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from evotrainer.config import Config, ConfigError
+from evotrainer.config import MODE_OPERATORS, Config, ConfigError
 from evotrainer.domains import Task, build_domain
 from evotrainer.domains.sampling import heldout_draws
 from evotrainer.fitness.gate_config import GateConfig
@@ -107,8 +107,8 @@ def _knob_overrides(cfg: Config) -> None:
 
 def _weights(cfg: Config) -> dict[str, float]:
     ev = cfg.evolution
-    if ev.mode == "recipe-search":
-        return {"knobs": 1.0}
+    if ev.mode in MODE_OPERATORS:
+        return MODE_OPERATORS[ev.mode]
     return {} if ev.mode == "reference" else dict(ev.operators)
 
 

@@ -212,15 +212,16 @@ class Applicable:
 
 
 def applicable_entries(parent: HarnessProgram, evidence: Evidence, entries: Sequence[LibraryEntry],
-                       tried: set[str] = frozenset()) -> tuple[list[Applicable], dict[str, str]]:
-    """(entries that fire and have an untried child, {entry id: why it was left out})."""
+                       tried: set[str] = frozenset(), diagnose: bool = True) -> tuple[list[Applicable], dict[str, str]]:
+    """(entries that fire and have an untried child, {entry id: why it was left out}). With
+    ``diagnose=False`` the triggers are not read: every entry that can edit the parent is offered."""
     metrics = report_metrics(evidence.health_report or {})
     found, skipped = [], {}
     for entry in entries:
         if f"{parent.hash}:{entry.id}" in evidence.refuted:
             skipped[entry.id] = "refuted on fitness from this parent harness already"
             continue
-        if not entry.fires(metrics):
+        if diagnose and not entry.fires(metrics):
             skipped[entry.id] = "trigger does not fire"
             continue
         if entry.single_turn and EPISODE_METRIC in metrics:
@@ -292,9 +293,11 @@ class LibraryOperator:
     def remember(self, parent: HarnessProgram, child_hash: str) -> None:
         self._proposed.add((parent.hash, child_hash))
 
+    diagnose = True   # entries are offered when their trigger fires on the parent's health report
+
     def applicable(self, parent: HarnessProgram, evidence: Evidence) -> tuple[list[Applicable], dict[str, str]]:
         entries = [e for e in self.entries if self.weights.get(e.id, 0.0) > 0]
-        return applicable_entries(parent, evidence, entries, self.tried(parent, evidence))
+        return applicable_entries(parent, evidence, entries, self.tried(parent, evidence), self.diagnose)
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
         if not parents:
@@ -307,8 +310,8 @@ class LibraryOperator:
         if not found:
             fired = {k: v for k, v in skipped.items() if v != "trigger does not fire"}
             detail = "; ".join(f"{k}: {v}" for k, v in fired.items()) or "no trigger holds on the report's metrics"
-            raise OperatorError(f"no library entry fires on this health report with an untried child ({detail})",
-                                "input")
+            raise OperatorError(f"no library entry {'fires on this health report ' if self.diagnose else ''}with "
+                                f"an untried child ({detail})", "input")
         left_out = {k: v for k, v in skipped.items() if v == SINGLE_TURN_ONLY}
         if left_out:   # fired, but not for this parent's rollouts: said, not silently dropped
             log.info("library: left out %s on %s: %s", ", ".join(left_out), getattr(parent, "hash", "?")[:8],
@@ -327,6 +330,22 @@ class LibraryOperator:
             self.remember(parent, iv.child_hash)
             return iv
         raise OperatorError("every fired library entry failed on this parent: " + "; ".join(failures), kind)
+
+
+class RandomLibraryOperator(LibraryOperator):
+    """The best-of-N baseline: library entries drawn uniformly at random, no diagnosis (triggers are
+    not read, weights not learned). What evolution's diagnosis must beat to have earned its keep
+    (OpenEvolve users found best-of-N without evolution nearly matched evolution, openevolve#100)."""
+
+    name = "random_library"
+    diagnose = False
+
+    def __init__(self, seed: int = 0, entries: Sequence[LibraryEntry] | None = None, **_) -> None:
+        super().__init__(seed=seed, entries=entries)
+        self.weights = {e.id: 1.0 for e in self.entries}
+
+    def set_weights(self, weights: dict[str, float]) -> None:   # uniform: nothing is learned
+        return None
 
 
 def propose_entry(operator_name: str, parent: HarnessProgram, entry: LibraryEntry, params: dict[str, Any],

@@ -30,6 +30,7 @@ BUILTINS: dict[str, str] = {
     "llm_repair": "evotrainer.operators.llm:LLMRepairOperator",
     "llm_choice": "evotrainer.operators.llm_choice:LLMChoiceOperator",
     "library": "evotrainer.operators.library:LibraryOperator",
+    "random_library": "evotrainer.operators.library:RandomLibraryOperator",
     "knobs": "evotrainer.operators.knobs:KnobOperator",
     "crossover": "evotrainer.operators.structural:CrossoverOperator",
 }
