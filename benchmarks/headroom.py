@@ -1,0 +1,247 @@
+"""Headroom: which single harness changes beat the fixed recipe at this scale, and by how much.
+
+Evolution can only find what the search space holds. This trains each candidate harness *alone*,
+from the seed, for the whole step budget, under the same seeds and tasks as the reference recipe,
+and scores every run on the test split (greedy accuracy, the figure users report), paired with the
+reference over (task, seed). The candidates are the intervention library's entries and knob moves
+that fire on the reference lineage's health reports (truncation, dead groups, a sampled-vs-greedy
+gap) and the others a practitioner would try first; ``--combine`` adds the best ones applied together.
+The table is the target the search must reach and the effect size its gate must be able to see.
+
+    python benchmarks/headroom.py --json benchmarks/results/headroom_math.json            # math, quickstart levels
+    python benchmarks/headroom.py --config examples/train_code.yaml --json .../headroom_code.json
+    python benchmarks/headroom.py --combine longer_completions+lower_temperature --json ...
+    python benchmarks/headroom.py --model tiny-random --steps 2 --seeds 0 --n-test 8 --variants reference,rloo_advantages
+
+Runs go seed by seed (every variant for seed 0, then seed 1, ...), each written to ``--json`` as it
+finishes; a rerun skips what is there, so a stopped benchmark resumes. ``--report`` prints the table
+from the JSON alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from evotrainer.config import load_config
+from evotrainer.fitness.paired_stats import bootstrap_ci, paired_deltas
+from evotrainer.genome.program import HarnessProgram
+from evotrainer.loop.seed import seed_program
+from evotrainer.operators.library import default_entries
+
+# name -> (library entry, its parameters): one representative setting per entry, the middle of its
+# allowed values where it has several. Knob moves are relative to the seed's (the config's) values.
+SINGLES: dict[str, tuple[str, dict]] = {
+    "longer_completions": ("longer_completions", {"value": 64}),
+    "mask_truncated": ("mask_truncated", {"value": True}),
+    "dapo_overlong_shaping": ("dapo_overlong_shaping", {"buffer": 0.25, "scale": 0.5}),
+    "length_penalty": ("length_penalty", {"weight": 0.1}),
+    "lower_temperature": ("lower_temperature", {"value": 0.7}),
+    "more_generations": ("more_generations", {"value": 8}),
+    "dr_grpo_advantages": ("dr_grpo_advantages", {"value": "none"}),
+    "rloo_advantages": ("rloo_advantages", {}),
+    "dapo_dynamic_sampling": ("dapo_dynamic_sampling", {"signal": "reward"}),
+    "pass_rate_curriculum": ("pass_rate_curriculum", {"low": 0.1, "high": 0.9}),
+    "easy_first_curriculum": ("easy_first_curriculum", {"warmup": 8, "share": 0.5}),
+    "raise_learning_rate": ("raise_learning_rate", {"value": 1e-3}),
+    "lower_learning_rate": ("lower_learning_rate", {"value": 2.5e-4}),
+    "format_partial_credit": ("format_partial_credit", {"credit": 0.1}),
+}
+CODE_SKIP = {"format_partial_credit"}   # math-only reward template
+
+
+def build_variant(name: str, seed: HarnessProgram) -> HarnessProgram:
+    """The seed with the named entries applied in turn (``a+b`` combines)."""
+    if name == "reference":
+        return seed
+    entries = {e.id: e for e in default_entries()}
+    program = seed
+    for part in name.split("+"):
+        if part not in SINGLES:
+            raise SystemExit(f"unknown variant {part!r}; known: reference, {', '.join(SINGLES)}")
+        entry_id, params = SINGLES[part]
+        entry = entries[entry_id]
+        reason = entry.unavailable(program)
+        if reason:
+            raise SystemExit(f"variant {name}: {entry_id} does not apply ({reason})")
+        program = entry.apply(program, params)
+    return program
+
+
+def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root: Path) -> dict:
+    """Trains ``program`` from the seed for ``steps`` steps and verifies it on the test split."""
+    import torch
+
+    from evotrainer.domains import build_domain
+    from evotrainer.genome.harness import Harness
+    from evotrainer.loop.train_branch import train_branch
+    from evotrainer.policy.base_model import load_base_model
+    from evotrainer.policy.collect import prompt_fn
+    from evotrainer.policy.engine_choice import build_engine
+    from evotrainer.policy.lora import LoraSettings, Policy
+
+    run_dir = root / name / f"seed{seed}"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    genome = root / name / "genome.py"      # beside the version dirs: train_branch owns those
+    genome.write_text(program.source)
+    c = cfg.model_copy(deep=True)
+    c.run_dir, c.harness, c.seed = str(run_dir), str(genome), seed
+    c.train.steps = steps
+    c.grpo = type(cfg.grpo)()          # the genome holds the knobs already
+    t0 = time.perf_counter()
+    result = train_branch(c, validate=True, overwrite=True)
+    train_s = time.perf_counter() - t0
+    # The test split, asked as the harness asks (its prompt hook), greedy as the loop's final pick is.
+    domain = build_domain(c.domain)
+    model, tok = load_base_model(c.model, dtype=c.dtype, device=c.device, seed=c.seed)
+    policy = Policy(model, tok, LoraSettings(**c.lora.model_dump()))
+    policy.load("v0", result.version_dir / "adapter")
+    engine = build_engine(c, policy, "transformers")
+    with Harness(program, sandbox=c.sandbox) as harness, torch.no_grad():
+        signals = score_test(c, domain, engine, policy, "v0", prompt_fn(harness))
+    steps_log = result.steps
+    return {
+        "variant": name, "seed": seed, "steps": steps, "genome_hash": program.hash, **signals,
+        "skipped_steps": sum(1 for m in steps_log if m.get("skipped")),
+        "train_reward_last8": statistics.fmean(m.get("reward_mean", 0.0) for m in steps_log[-8:]) if steps_log else None,
+        "truncation_last8": statistics.fmean(m.get("truncation_rate", 0.0) for m in steps_log[-8:]) if steps_log else None,
+        "dead_group_ratio_mean": statistics.fmean(m.get("dead_group_ratio", 0.0) for m in steps_log) if steps_log else None,
+        "train_seconds": train_s, "wall_s": time.perf_counter() - t0,
+    }
+
+
+SAMPLED_TASKS, SAMPLED_K = 48, 4   # the held-out size a run affords, k answers each at the training temperature
+
+
+def score_test(cfg, domain, engine, policy, adapter, prompt) -> dict:
+    """The test split three ways, per task: greedy correctness (what users report); the share of
+    ``SAMPLED_K`` sampled answers that are correct (seeds 0..k-1, the same for every variant, so two
+    variants' samples share their random numbers), on the first ``SAMPLED_TASKS`` tasks; and the
+    log-probability of the reference answer. The last two are candidate fitness signals for gates."""
+    from evotrainer.policy.answer_logprob import answer_logprobs
+    from evotrainer.policy.collect import verify
+    from evotrainer.records.scores import heldout_accuracy, task_scores
+
+    tasks = domain.tasks("test")
+    greedy = verify(engine, domain, tasks, adapter, max_new_tokens=cfg.train.eval_max_new_tokens, prompt=prompt)
+    sampled = verify(engine, domain, tasks[:SAMPLED_TASKS], adapter, max_new_tokens=cfg.train.eval_max_new_tokens,
+                     temperature=1.0, seeds=tuple(range(SAMPLED_K)), prompt=prompt)
+    refs = [(t, domain.reference_completion(t)) for t in tasks]
+    refs = [(t, r) for t, r in refs if r is not None]
+    lls = answer_logprobs(policy, adapter, [prompt(t) for t, _ in refs], [r for _, r in refs])
+    return {"test_accuracy": heldout_accuracy(greedy),
+            "test_scores": {t: s[0] for t, s in task_scores(greedy).items()},
+            "sampled_scores": {t: sum(s.values()) / len(s) for t, s in task_scores(sampled).items()},
+            "answer_logprob": {t.id: v for (t, _), v in zip(refs, lls)}}
+
+
+def base_scores(cfg) -> dict:
+    """The untrained model on the test split (the start every run is measured against)."""
+    from evotrainer.domains import build_domain
+    from evotrainer.policy.base_model import load_base_model
+    from evotrainer.policy.collect import default_prompt
+    from evotrainer.policy.engine_choice import build_engine
+    from evotrainer.policy.lora import LoraSettings, Policy
+
+
+    domain = build_domain(cfg.domain)
+    model, tok = load_base_model(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
+    policy = Policy(model, tok, LoraSettings(**cfg.lora.model_dump()))
+    return score_test(cfg, domain, build_engine(cfg, policy, "transformers"), policy, None, default_prompt)
+
+
+def _pairs(runs: list[dict]) -> dict[str, float]:
+    return {f"{t}@{r['seed']}": v for r in runs for t, v in r["test_scores"].items()}
+
+
+def report(data: dict, level: float = 0.9) -> str:
+    runs = data["runs"]
+    by_variant: dict[str, list[dict]] = {}
+    for r in runs:
+        by_variant.setdefault(r["variant"], []).append(r)
+    ref = {r["seed"]: r for r in by_variant.get("reference", [])}
+    lines = [f"headroom on {data['domain']}: {data['steps']} training steps per run, test split of "
+             f"{data.get('n_test', '?')} tasks (greedy), paired with reference over (task, seed); "
+             f"untrained model {data['base']['test_accuracy']:.3f}" if data.get("base") else ""]
+    head = f"{'variant':<42} {'seeds':>5} {'test mean ± sd':>15} {'Δ vs reference [' + f'{level:.0%}' + ' CI]':>32} " \
+           f"{'skipped':>8} {'trunc':>6}"
+    lines += [head, "-" * len(head)]
+    rows = []
+    for name, rs in by_variant.items():
+        accs = [r["test_accuracy"] for r in sorted(rs, key=lambda r: r["seed"])]
+        paired = [r for r in rs if r["seed"] in ref]
+        delta = ci = None
+        if name != "reference" and paired:
+            d = paired_deltas(_pairs(paired), _pairs([ref[r["seed"]] for r in paired]))
+            delta, ci = float(d.mean()), bootstrap_ci(d, level=level)
+        rows.append((delta if delta is not None else -9, name, rs, accs, delta, ci))
+    for _, name, rs, accs, delta, ci in sorted(rows, key=lambda x: -x[0]):
+        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        dtxt = f"{delta:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]" if delta is not None else "-"
+        skipped = statistics.fmean(r["skipped_steps"] for r in rs)
+        trunc = statistics.fmean(r["truncation_last8"] or 0 for r in rs)
+        lines.append(f"{name:<42} {len(rs):>5} {statistics.fmean(accs):>7.3f} ± {sd:.3f} {dtxt:>32} "
+                     f"{skipped:>8.1f} {trunc:>6.2f}   per seed: {' / '.join(f'{a:.3f}' for a in accs)}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="examples/quickstart.yaml")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--n-test", type=int, default=128)
+    ap.add_argument("--variants", default=None, help="comma list (default: reference and every single)")
+    ap.add_argument("--combine", action="append", default=[], help="a+b[+c]: entries applied together")
+    ap.add_argument("--out", default="runs/headroom", help="run directories (adapters, rollouts)")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--report", action="store_true", help="print the table from --json and stop")
+    args = ap.parse_args(argv)
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    if args.report:
+        print(report(data))
+        return
+    cfg = load_config(args.config)
+    if args.model:
+        cfg.model = args.model
+    cfg.domain.n_test = args.n_test
+    cfg.domain.n_heldout = max(cfg.domain.n_heldout or 0, 8)
+    cfg.train.eval_size = 8            # train_branch's own held-out check; the test split is what counts
+    seed_prog = seed_program(cfg)
+    names = args.variants.split(",") if args.variants else ["reference"] + [
+        n for n in SINGLES if not (cfg.domain.name == "code" and n in CODE_SKIP)]
+    names += args.combine
+    programs = {n: build_variant(n, seed_prog) for n in names}
+    data.update(domain=cfg.domain.name, steps=args.steps, n_test=args.n_test, config=args.config, model=cfg.model)
+    if "base" not in data:
+        print("untrained model on the test split ...", flush=True)
+        data["base"] = base_scores(cfg)
+        path.write_text(json.dumps(data, indent=1))
+    done = {(r["variant"], r["seed"]) for r in data["runs"]}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for name in names:
+            if (name, seed) in done:
+                continue
+            print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} ...", flush=True)
+            r = run_one(cfg, name, programs[name], seed, args.steps, Path(args.out))
+            data["runs"].append(r)
+            path.write_text(json.dumps(data, indent=1))
+            print(f"  test {r['test_accuracy']:.3f}, {r['skipped_steps']} skipped steps, {r['wall_s']:.0f} s", flush=True)
+    print(report(data))
+
+
+if __name__ == "__main__":
+    main()
