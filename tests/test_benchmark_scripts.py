@@ -1,0 +1,43 @@
+"""The benchmarks that measure this project's claims run end to end on the tiny model, so they cannot
+break unseen between the sittings that run them at full size."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_step_speed_measures_both_paths_and_the_logprob_gap(tmp_path):
+    out = _run([str(ROOT / "benchmarks" / "step_speed.py"), "--model", "tiny-random", "--repeats", "1",
+                "--json", "speed.json"], tmp_path)
+    data = json.loads((tmp_path / "speed.json").read_text())
+    names = [r["name"] for r in data["rows"]]
+    assert any(n.startswith("sampling") for n in names) and "GRPO step (16 rollouts)" in names
+    for row in data["rows"]:
+        assert row["old"]["median_s"] > 0 and row["new"]["median_s"] > 0 and row["speedup"] > 0
+    assert data["logprob_gap"]["new"] < 1e-3 and data["machine"]["matmul_fp32_gflops"] > 0
+    assert "sampler-vs-trainer log-prob gap" in out
+
+
+def test_headroom_trains_variants_and_pairs_them_with_the_reference(tmp_path):
+    args = [str(ROOT / "benchmarks" / "headroom.py"), "--config", str(ROOT / "examples" / "quickstart.yaml"),
+            "--model", "tiny-random", "--steps", "1", "--seeds", "0", "--n-test", "6",
+            "--variants", "reference,rloo_advantages", "--out", "runs", "--json", "h.json"]
+    out = _run(args, tmp_path)
+    data = json.loads((tmp_path / "h.json").read_text())
+    assert [(r["variant"], r["seed"]) for r in data["runs"]] == [("reference", 0), ("rloo_advantages", 0)]
+    for r in data["runs"]:
+        assert len(r["test_scores"]) == 6 and len(r["answer_logprob"]) == 6 and r["sampled_scores"]
+    assert "rloo_advantages" in out and "Δ vs reference" in out
+    again = _run(args, tmp_path)            # resumes: nothing left to run
+    assert "seed 0 ..." not in again and len(json.loads((tmp_path / "h.json").read_text())["runs"]) == 2
