@@ -63,12 +63,15 @@ def test_ray_executor_matches_the_local_one(tmp_path, cluster):
 
 
 def test_a_train_steps_budget_prunes_the_same_versions(tmp_path, cluster):
-    budget = {"budget": {"train_steps": 2}}
+    # gen 0: the seed, 1 step; gen 1: its continuation and one child; gen 2: two continuations
+    # for the one step left, so the budget runs out inside the generation and one is pruned
+    budget = {"budget": {"train_steps": 4}, "generations": 3, "exploit_share": 0.0}
     local, ls = run(tmp_path, "local", "local", **budget)
     remote, rs = run(tmp_path, "ray", "ray", **budget)
     assert rs.status == ls.status == "stopped"
     assert outcome(remote) == outcome(local)
-    assert rs.budget_used["train_steps"] == ls.budget_used["train_steps"]
+    assert rs.budget_used["train_steps"] == ls.budget_used["train_steps"] == 4
+    assert any(m[0] == "pruned" and m[2] is None for m in outcome(local).values())
 
 
 def test_a_worker_that_dies_once_is_retried(tmp_path, cluster, monkeypatch):

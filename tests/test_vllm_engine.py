@@ -297,9 +297,9 @@ def test_lock_step_training_prunes_the_versions_one_by_one_would(tmp_path, capsy
             "domain": {"difficulty": 2, "n_train": 8, "n_heldout": 4, "n_test": 4},
             "grpo": {"max_completion_length": 32, "num_generations": 2},
             "train": {"prompts_per_step": 2, "eval_max_new_tokens": 4},
-            "evolution": {"population_size": 2, "children_per_generation": 2, "generations": 2,
-                          "steps_per_generation": 2, "operators": {"knobs": 1.0}, "user_skills": False,
-                          "budget": {"train_steps": 6}},
+            "evolution": {"population_size": 2, "children_per_generation": 2,
+                          "generations": 3, "steps_per_generation": 2, "operators": {"knobs": 1.0},
+                          "user_skills": False, "exploit_share": 0.0, "budget": {"train_steps": 10}},
         }
         path = tmp_path / f"{engine}.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -311,7 +311,8 @@ def test_lock_step_training_prunes_the_versions_one_by_one_would(tmp_path, capsy
 
     out_v, pruned_v, state_v = run("vllm")
     out_t, pruned_t, state_t = run("transformers")
-    # gen 0: the seed, 2 steps; gen 1: 4 steps left for 3 versions of 2 steps: two start, one is pruned
-    assert "training v0001, v0002 together" in out_v and "together" not in out_t
-    assert pruned_v == pruned_t == {"v0003"}
-    assert state_v.budget_used["train_steps"] == state_t.budget_used["train_steps"] == 6
+    # gen 0: the seed, 2 steps; gen 1: its continuation and two children, trained together under
+    # vLLM; gen 2: 2 steps left for the two survivors' continuations of 2 steps: one starts, one is pruned
+    assert "training v0001, v0002, v0003 together" in out_v and "together" not in out_t
+    assert pruned_v == pruned_t and len(pruned_v) == 1
+    assert state_v.budget_used["train_steps"] == state_t.budget_used["train_steps"] == 10

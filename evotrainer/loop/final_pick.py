@@ -16,7 +16,7 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
-from evotrainer.loop.start import START, start_test, start_wins_pick
+from evotrainer.loop.start import START, scored_start, start_test, start_wins_pick
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.scores import heldout_accuracy
 
@@ -51,7 +51,7 @@ def report_test(exp: Experiment) -> dict | None:
         exp.say(f"final pick {vid}: the domain has no test tasks (domain.n_test / domain.files); no test score")
         exp.state.final = {"version": vid, "error": "no test tasks"}
         return exp.state.final
-    base = start_test(exp) if exp.state.start is not None else []
+    base = start_test(exp) if scored_start(exp) else []
     base_acc = heldout_accuracy(base) if base else None
     if vid == START:
         final = {"version": START, "test_accuracy": base_acc, "test_tasks": len(tasks), "test_rollouts": len(base),

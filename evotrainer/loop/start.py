@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from evotrainer.fitness.gates import GateConfig
+from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
+from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.revert import Side, choose_revert
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.scores import heldout_accuracy
@@ -48,8 +50,15 @@ def verify_start(exp: Experiment) -> dict:
     if exp.state.start is not None:
         return exp.state.start
     tc, rt = exp.cfg.train, exp.runtime
-    with exp.budgets.timed("verify"):
-        rollouts = _verify(exp, rt.heldout_tasks, tc.eval_temperature, tc.eval_seeds)
+    try:
+        with exp.budgets.timed("verify"):
+            rollouts = _verify(exp, rt.heldout_tasks, tc.eval_temperature, tc.eval_seeds)
+    except (SandboxError, GenomeError, ValueError) as e:   # the seed harness's prompt hook failed
+        exp.state.start = {"error": str(e)[:300], "below": []}
+        exp.say(f"the start (the untrained model) could not be scored under the seed harness: {e}; the run goes on "
+                "without it (no fallback to the untrained model)")
+        exp.save()
+        return exp.state.start
     exp.budgets.spend(rollout_tokens=sum(r.num_tokens for r in rollouts))
     in_gate = {t.id for t in rt.gate_tasks}
     gate = [r for r in rollouts if r.task_id in in_gate]
@@ -72,7 +81,7 @@ def regressed_below_start(exp: Experiment, survivors: list[str]) -> str | None:
     start = exp.state.start
     scored = [(exp.vdir(v).meta().metrics.get("selection_accuracy"), v) for v in survivors]
     scored = [(s, v) for s, v in scored if s is not None]
-    if start is None or not scored:
+    if not scored_start(exp) or not scored:
         return None
     score, best = max(scored)
     ev = exp.cfg.evolution
@@ -88,10 +97,15 @@ def regressed_below_start(exp: Experiment, survivors: list[str]) -> str | None:
             f"[{d.ci_low:+.3f}, {d.ci_high:+.3f}] over {d.n_tasks} task(s))")
 
 
+def scored_start(exp: Experiment) -> bool:
+    """Whether the run has the start's held-out scores (not when the seed harness could not ask it)."""
+    return exp.state.start is not None and "selection_accuracy" in exp.state.start
+
+
 def note_selection(exp: Experiment, generation: int, survivors: list[str]) -> None:
     """After a selection: whether every lineage is below the start, and the run's answer."""
     start = exp.state.start
-    if start is None:
+    if not scored_start(exp):
         return
     why = regressed_below_start(exp, survivors)
     below = [g for g in start.get("below", []) if g != generation] + ([generation] if why else [])
@@ -107,8 +121,8 @@ def note_selection(exp: Experiment, generation: int, survivors: list[str]) -> No
 
 def start_wins_pick(exp: Experiment, selection_score: float | None) -> bool:
     """Whether the final pick must be the start: the selection draw ranks the best survivor below it."""
-    start = exp.state.start
-    return start is not None and (selection_score is None or selection_score < start["selection_accuracy"])
+    return scored_start(exp) and (selection_score is None
+                                  or selection_score < exp.state.start["selection_accuracy"])
 
 
 def start_test(exp: Experiment) -> list:
