@@ -29,7 +29,9 @@ from evotrainer.records.rollout import Rollout
 
 REPORT = json.loads((Path(__file__).parent / "fixtures" / "health_report_demo.json").read_text())
 ENTRIES = {e.id: e for e in default_entries()}
-READY = [e for e in ENTRIES.values() if e.requires_hook is None]
+# Entries that apply to the (math) reference harness as it is; the episode-only SWE entries are
+# tested on the SWE reference in test_swe_interventions.py.
+READY = [e for e in ENTRIES.values() if e.requires_hook is None and not e.episodes_only]
 CASES = [(e.id, p) for e in READY for p in e.combinations(reference())]
 REPLAYED = ("dead_group_ratio", "kept_group_ratio")   # what the backtest's replay recomputes
 
@@ -48,7 +50,9 @@ def test_the_library_covers_the_known_interventions():
         # A validity hook changes no training: its claim is the engine's train/held-out gap it guards
         # (measured after training); its credit is its score on labelled history (the backtest).
         guarded = ("train_heldout_gap",) if target == "validity" else ()
-        assert e.expected_effect.metric in REPLAYED + (FITNESS_METRIC,) + guarded
+        # An episode entry may claim the call-form rate the SWE harness measures on the child's rollouts.
+        episodes = ("malformed_call_rate",) if e.episodes_only else ()
+        assert e.expected_effect.metric in REPLAYED + (FITNESS_METRIC,) + guarded + episodes
         if kind == "hook":
             assert target in HOOK_PARAMS or target == e.requires_hook
         else:
@@ -187,7 +191,7 @@ def test_curriculum_templates_select_as_described():
     assert late == {t["id"] for t in pool}
 
 
-@pytest.mark.parametrize("entry_id", [e.id for e in ENTRIES.values() if e.requires_hook])
+@pytest.mark.parametrize("entry_id", [e.id for e in ENTRIES.values() if e.requires_hook and not e.episodes_only])
 def test_curriculum_entries_need_a_parent_with_the_select_tasks_hook(entry_id):
     entry, parent = ENTRIES[entry_id], reference()
     assert entry.unavailable(parent) is None        # the reference harness has select_tasks in an EVOLVE block

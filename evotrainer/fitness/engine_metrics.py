@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from evotrainer.fitness.cache import CachedVersion
+from evotrainer.fitness.episodes import episode_metrics
 from evotrainer.fitness.leak import leak_stats
 from evotrainer.records.numeric import finite_or_none, is_dead, mean, percentile
 from evotrainer.records.rollout import Rollout, group_rollouts, last_steps
@@ -75,6 +76,8 @@ def engine_metrics(v: CachedVersion, window: int = 3) -> dict[str, float | None]
     m["train_heldout_gap"] = tc - h if tc is not None and h is not None else None
     m["reward_heldout_gap"] = tr - h if tr is not None and h is not None else None
     m.update(leak_stats(v, window))
+    m.update(episode_metrics(late, "train_"))          # multi-turn episodes only: calls, edits, tests, progress
+    m.update(episode_metrics(v.heldout, "heldout_"))
     return {k: finite_or_none(x) for k, x in m.items()}
 
 
@@ -91,6 +94,12 @@ def engine_alerts(m: dict[str, float | None]) -> list[dict[str, Any]]:
         add("train_heldout_divergence", "critical",
             f"training correctness exceeds held-out accuracy by {gap:.2f} (> {DIVERGENCE})",
             "look for a shortcut only training prompts offer (leaked answers, environment state); fix the environment")
+    calls, moved = m.get("train_valid_call_rate"), m.get("train_progress_rate")
+    if calls is not None and moved is not None and calls > 0.5 and moved < 0.05:
+        add("calls_without_progress", "warning",
+            f"{calls:.0%} of the late episodes' tool calls are well formed, yet {moved:.0%} of them edit a file, run "
+            "the tests or resolve the issue",
+            "the policy calls tools for their own sake: reward progress (an edit, a test run), not the calls")
     delta = m.get("heldout_delta")
     if delta is not None and delta < -0.1:
         add("heldout_regression", "warning", f"held-out accuracy fell by {-delta:.2f} during training",

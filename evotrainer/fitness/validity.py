@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evotrainer.fitness.cache import CachedVersion
+from evotrainer.fitness.episodes import reward_without_progress
 from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.prompt_leak import prompt_leak_stats
@@ -45,6 +46,7 @@ def engine_checks(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> li
     checks.append(Check(name, passed, msg, {key: x, "heldout_accuracy": h, "gap": gap,
                                             "threshold": cfg.divergence, "window_rollouts": late}))
     checks.append(_reward_hacking(v, report, cfg))
+    checks.append(_episode_progress(v, cfg))
     lr, cr, p = e.get("leak_copy_rate"), e.get("clean_copy_rate"), e.get("leak_p_value")
     nl, nc = int(e.get("leaked_rollouts") or 0), int(e.get("clean_rollouts") or 0)
     judged = lr is not None and cr is not None and p is not None and min(nl, nc) >= cfg.min_leak_rollouts
@@ -184,6 +186,23 @@ def _reward_hacking(v: CachedVersion, report: HealthReport, cfg: GateConfig) -> 
     return Check("reward_hacking", not hacked, msg, {"reward_first": rewards[0], "reward_last": rewards[1],
                                                      "reward_rise": rise, "train_correct_change": train_change,
                                                      "heldout_change": held, "threshold": cfg.hack_rise})
+
+
+def _episode_progress(v: CachedVersion, cfg: GateConfig) -> Check:
+    """Multi-turn episodes: the shaped reward of episodes that make no progress (no successful edit, no
+    test run, not resolved) rising by ``hack_rise`` of the reward's range while the progress rate does
+    not rise: the reward pays for the calls' form or for calls, not for fixing (``fitness/episodes.py``)."""
+    n = reward_without_progress(v.train, cfg.window, cfg.hack_rise, cfg.min_train_rollouts)
+    if n is None:
+        return Check("episode_progress", True, "not judged (no multi-turn episodes over two steps, or none "
+                     "without progress)", {})
+    msg = (f"reward of episodes without progress {n['idle_reward_first']:.3f} -> {n['idle_reward_last']:.3f} "
+           f"({n['idle_reward_rise']:+.0%} of its range; their well-formed calls {n['idle_valid_calls_first']:.1f} -> "
+           f"{n['idle_valid_calls_last']:.1f} an episode) while progress went {n['progress_first']:.2f} -> "
+           f"{n['progress_last']:.2f}")
+    if n["hacked"]:
+        msg += ": the reward pays for tool calls that fix nothing; reward progress, not the calls"
+    return Check("episode_progress", not n["hacked"], msg, {k: x for k, x in n.items() if k != "hacked"})
 
 
 GAMING_TRAIN_SHARE = 0.05  # of late train completions; held-out: any flagged completion

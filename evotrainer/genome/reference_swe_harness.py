@@ -22,7 +22,8 @@ Tool names are the SWE environment's (``domains/swe/environment.py``): ``edit`` 
 ``run_tests`` is a self-test, ``search``/``read_file`` localise, ``git_log`` reads the history.
 
 It is a harness file in the contract (data to the engine, run only in the sandbox, imports only
-allow-listed modules); ``select_tasks`` and ``prompt`` fall back to the reference harness.
+allow-listed modules). ``select_tasks`` and ``prompt`` are the reference harness's, written out so that
+curriculum and prompt interventions have a block to replace.
 """
 
 import math
@@ -184,8 +185,19 @@ def _episode(rollout):
         "first_edit_turn": (first_edit + 1 if edits else None),
         "submitted": submit is not None,
         "history": sum(1 for n in names if n in HISTORY_TOOLS),
+        "repeats": _repeats(calls),
         "resolved": _resolved(rollout),
     }
+
+
+def _repeats(calls):
+    """Calls that repeat an earlier call of the episode exactly (same tool, same arguments)."""
+    seen, n = set(), 0
+    for name, args, _ in calls:
+        key = (name, repr(sorted(args.items())))
+        n += 1 if name is not None and key in seen else 0
+        seen.add(key)
+    return n
 
 
 # ---- hooks -------------------------------------------------------------------------------------
@@ -250,6 +262,7 @@ def metrics(rollouts, groups):
         "submit_without_edit_rate": _mean([1.0 if e["submitted"] and not e["edited"] else 0.0 for e in eps]),
         "history_call_rate": _mean([1.0 if e["history"] else 0.0 for e in eps]),
         "history_calls_mean": _mean([e["history"] for e in eps]),
+        "repeat_call_rate": sum(e["repeats"] for e in eps) / calls if calls else 0.0,
     }
     # Rates over the episodes they are defined for: absent rather than a misleading 0.0.
     named = [e["issue_file_edited"] for e in eps if e["issue_file_edited"] is not None]
@@ -318,6 +331,24 @@ def alerts(metrics, history):
         add("exploration_collapse", "critical", f"mean sampler logprob is {logprob:.3f} (> -0.05)",
             "raise the temperature or add an exploration bonus")
     return found
+# EVOLVE-BLOCK-END
+
+
+# EVOLVE-BLOCK-START
+def select_tasks(pool, stats, step, n):
+    """The engine's seeded sampler: the pool arrives shuffled for this step; train on the first n.
+
+    ``pool``: train tasks (id, prompt, difficulty, visible fields; never answers); ``stats``: task id ->
+    {"attempts", "correct"} over the lineage's recent training. A curriculum reorders by these.
+    """
+    return [t["id"] for t in pool[:n]]
+# EVOLVE-BLOCK-END
+
+
+# EVOLVE-BLOCK-START
+def prompt(task):
+    """The task's own prompt as one user message (the model keeps its default system prompt)."""
+    return [{"role": "user", "content": task["prompt"]}]
 # EVOLVE-BLOCK-END
 
 

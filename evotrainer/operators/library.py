@@ -78,6 +78,8 @@ class LibraryEntry:
     # Reads one completion (its length against max_completion_length, its truncation or answer
     # format): meaningless on multi-turn episodes, whose completion spans turns and tool results.
     single_turn: bool = False
+    # Reads an episode's turns and tool calls: meaningless on single-turn rollouts.
+    episodes_only: bool = False
 
     @property
     def kind(self) -> str:
@@ -192,13 +194,16 @@ def report_metrics(report: dict[str, Any]) -> dict[str, float]:
 
 
 def default_entries() -> list[LibraryEntry]:
-    from evotrainer.operators.library_entries import ENTRIES   # data module; imported here to avoid a cycle
+    from evotrainer.operators.library_entries import ENTRIES   # data modules; imported here to avoid a cycle
+    from evotrainer.operators.swe_entries import SWE_ENTRIES
 
-    return list(ENTRIES)
+    return list(ENTRIES) + list(SWE_ENTRIES)
 
 
 # A report of multi-turn episodes carries this metric (the SWE harness's, and any episode harness's).
 EPISODE_METRIC = "turns_mean"
+EPISODES_ONLY = (f"an episode entry (it reads turns and tool calls); this parent's report has no {EPISODE_METRIC}: "
+                 "its rollouts are single-turn")
 SINGLE_TURN_ONLY = ("a single-turn entry (it reads one completion's length, truncation or answer format); "
                     f"this parent's rollouts are multi-turn episodes ({EPISODE_METRIC} in its report)")
 
@@ -226,6 +231,9 @@ def applicable_entries(parent: HarnessProgram, evidence: Evidence, entries: Sequ
             continue
         if entry.single_turn and EPISODE_METRIC in metrics:
             skipped[entry.id] = SINGLE_TURN_ONLY
+            continue
+        if entry.episodes_only and EPISODE_METRIC not in metrics:
+            skipped[entry.id] = EPISODES_ONLY
             continue
         why = entry.unavailable(parent)
         if why:

@@ -1,0 +1,142 @@
+"""Library entries for the failure modes an SWE health report diagnoses (multi-turn tool episodes).
+
+What the reference SWE recipe cannot escape at 135M parameters: no well-formed tool call (the policy
+writes prose or a ```python block, never the ```tool block the environment reads), so resolution is 0,
+every group is dead and no gradient step is taken. The entries answer the report's alerts:
+
+- ``tool_failures`` / ``insufficient_signal``: a graded credit for the call's form, a ladder the policy
+  can climb before it can resolve anything (a fenced block, the ``tool`` fence, a JSON object with a
+  name, a call the environment accepted), capped far below a resolution;
+- the same: a prompt with a worked exchange, showing the format rather than describing it;
+- ``giving_up``: a penalty for an episode that hands in a patch without editing anything;
+- ``echo_trap``: a penalty for repeating a call already made in the episode.
+
+A form credit invites its own hack (valid calls that make no progress): the engine's episode check
+(``fitness/validity.py``, ``episode_progress``) marks a branch invalid when its shaped reward rises on
+episodes that edit nothing, run no test and resolve nothing, while those do not rise.
+
+Templates read the plain dicts a harness sees: ``tool_calls`` (``name``, ``args``, ``error``: the
+environment's own message), ``turn_log`` (each turn's ``text``), ``visible.correct`` (resolved),
+``episode.submitted``. They import nothing and use no helper of the reference harness.
+"""
+
+from __future__ import annotations
+
+from evotrainer.operators.intervention import ExpectedEffect
+from evotrainer.operators.library import LibraryEntry, Param
+
+FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
+FEWER_MALFORMED = ExpectedEffect("malformed_call_rate", "<", 0.5)
+
+
+def when(metric: str, op: str, value: float) -> dict:
+    return {"metric": metric, "op": op, "value": value}
+
+
+CALL_FORM_CREDIT = '''def reward(rollouts, tasks):
+    """1 when the patch resolves the issue. Otherwise a credit for the form of the episode's calls, at
+    most $credit (far below a resolution): each turn scores its best rung of a ladder (0 prose, 1 a
+    fenced block, 2 the ```tool fence, 3 a JSON object naming a tool, 4 a call the environment
+    accepted) and the episode earns $credit times its turns' mean rung over 4."""
+    out = []
+    for r in rollouts:
+        if (r.get("visible") or {}).get("correct"):
+            out.append(1.0)
+            continue
+        turns = [t for t in (r.get("turn_log") or []) if isinstance(t, dict)]
+        rungs = []
+        for t in turns:
+            text = str(t.get("text") or "")
+            call = t.get("tool_call") if isinstance(t.get("tool_call"), dict) else {}
+            error = call.get("error")
+            if call.get("name") and error is None:
+                rung = 4
+            elif call.get("name"):
+                rung = 3                      # a named call the environment refused (unknown tool, bad args)
+            elif "```tool" in text:
+                rung = 2
+            elif "```" in text:
+                rung = 1
+            else:
+                rung = 0
+            rungs.append(rung)
+        out.append($credit * (sum(rungs) / (4.0 * len(rungs))) if rungs else 0.0)
+    return out'''
+
+WORKED_CALL_PROMPT = '''def prompt(task):
+    """The issue after a worked exchange: three turns that are each exactly one well-formed tool call,
+    with their results, so the ```tool format is shown, not only described (the engine puts the tool
+    instructions first as the system message)."""
+    calls = [('{"name": "list_files", "args": {}}', "pkg/__init__.py\\npkg/mod.py\\ntests/test_mod.py"),
+             ('{"name": "read_file", "args": {"path": "pkg/mod.py"}}', "   1 | def add(a, b):\\n   2 |     return a - b"),
+             ('{"name": "edit", "args": {"path": "pkg/mod.py", "search": "a - b", "replace": "a + b"}}',
+              "edited pkg/mod.py")]
+    msgs = [{"role": "user", "content": "Example issue: add() in pkg/mod.py subtracts. Use the tools."}]
+    for call, result in calls[:$shots]:
+        msgs.append({"role": "assistant", "content": "```tool\\n" + call + "\\n```"})
+        msgs.append({"role": "user", "content": result})
+    msgs.append({"role": "user", "content": "Now the real issue. Answer with one ```tool block.\\n\\n" + task["prompt"]})
+    return msgs'''
+
+GIVE_UP_PENALTY = '''def reward(rollouts, tasks):
+    """1 when resolved; -$penalty for an episode that submitted without a single successful edit
+    (handing in nothing is then worse than trying); 0 otherwise."""
+    out = []
+    for r in rollouts:
+        if (r.get("visible") or {}).get("correct"):
+            out.append(1.0)
+            continue
+        calls = [c for c in (r.get("tool_calls") or []) if isinstance(c, dict)]
+        edited = any(c.get("name") == "edit" and c.get("error") is None for c in calls)
+        submitted = bool((r.get("episode") or {}).get("submitted")) or any(c.get("name") == "submit" for c in calls)
+        out.append(-$penalty if submitted and not edited else 0.0)
+    return out'''
+
+REPEAT_PENALTY = '''def reward(rollouts, tasks):
+    """1 when resolved; otherwise minus $weight times the share of the episode's calls that repeat an
+    earlier call exactly (same tool, same arguments): the echo trap costs reward."""
+    out = []
+    for r in rollouts:
+        if (r.get("visible") or {}).get("correct"):
+            out.append(1.0)
+            continue
+        calls = [c for c in (r.get("tool_calls") or []) if isinstance(c, dict) and c.get("name")]
+        seen, repeats = set(), 0
+        for c in calls:
+            key = (c.get("name"), repr(sorted((c.get("args") or {}).items())))
+            repeats += 1 if key in seen else 0
+            seen.add(key)
+        out.append(-$weight * repeats / len(calls) if calls else 0.0)
+    return out'''
+
+SWE_ENTRIES: tuple[LibraryEntry, ...] = (
+    LibraryEntry(
+        "swe_call_form_credit", "reward (episodes): graded credit for the tool-call format, capped below a resolution",
+        "hook:reward", (when("tool_failure_rate", ">", 0.3), when("dead_group_ratio", ">", 0.5)),
+        "If each unresolved episode earns up to {credit} for the form of its calls (a fenced block, the tool fence, a "
+        "named JSON call, an accepted call), dead groups regain reward variance and malformed calls fall, because the "
+        "format is within the policy's reach when resolving is not.",
+        FEWER_DEAD, "format rewards for agentic RL (DeepSeek-R1's format reward, applied per tool call)",
+        template=CALL_FORM_CREDIT, params=(Param("credit", (0.1, 0.2, 0.3)),), episodes_only=True),
+    LibraryEntry(
+        "swe_worked_call_prompt", "prompt (episodes): a worked exchange of well-formed tool calls before the issue",
+        "hook:prompt", (when("malformed_call_rate", ">", 0.5),),
+        "If the episode opens with {shots} worked turns that are each one well-formed ```tool call, fewer calls are "
+        "malformed, because a small model copies a format it is shown more readily than one it is told.",
+        FEWER_MALFORMED, "few-shot demonstrations (Brown et al., 2020) for tool-call formats",
+        template=WORKED_CALL_PROMPT, params=(Param("shots", (1, 2, 3)),), requires_hook="prompt", episodes_only=True),
+    LibraryEntry(
+        "swe_give_up_penalty", "reward (episodes): a penalty for submitting without any edit",
+        "hook:reward", (when("submit_without_edit_rate", ">", 0.5),),
+        "If an episode that submits without a successful edit earns -{penalty}, fewer episodes give up and dead groups "
+        "regain variance, because handing in nothing is no longer as good as trying and failing.",
+        FEWER_DEAD, "the giving-up rule of the agentic RL field notes", template=GIVE_UP_PENALTY,
+        params=(Param("penalty", (0.1, 0.2)),), episodes_only=True),
+    LibraryEntry(
+        "swe_repeat_penalty", "reward (episodes): a penalty for repeating a call already made",
+        "hook:reward", (when("repeat_call_rate", ">", 0.3),),
+        "If each repeated call costs {weight} times its share of the episode's calls, repeats fall and dead groups "
+        "regain variance, because the echo trap now lowers the reward of the episodes caught in it.",
+        FEWER_DEAD, "the echo-trap rule of the agentic RL field notes", template=REPEAT_PENALTY,
+        params=(Param("weight", (0.1, 0.3)),), episodes_only=True),
+)

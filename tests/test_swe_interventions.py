@@ -1,0 +1,163 @@
+"""SWE interventions (operators/swe_entries.py) and the engine seeing through them
+(fitness/episodes.py): each entry is a single-factor child of the reference SWE harness that the
+SWE report's alerts fire, its hook computes what it says in the real sandbox, the form credit's
+backtest predicts live groups, and a branch whose reward rises on episodes that make no progress is
+invalid while one whose progress rises is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from evotrainer.fitness.backtest import backtest
+from evotrainer.fitness.cache import CachedVersion, write_version
+from evotrainer.fitness.episodes import episode_metrics, reward_without_progress
+from evotrainer.fitness.gates import GateConfig, gate
+from evotrainer.genome.edits import factors_changed
+from evotrainer.genome.harness import Harness
+from evotrainer.genome.program import HarnessProgram, reference_program
+from evotrainer.loop.seed import DOMAIN_HARNESSES
+from evotrainer.operators import Evidence, get_operator
+from evotrainer.operators.library import default_entries, propose_entry
+from evotrainer.records.rollout import Rollout
+
+SWE = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
+ENTRIES = {e.id: e for e in default_entries() if e.id.startswith("swe_") and e.template and "validity" not in e.factor}
+# What the reference SWE run's report said: every call malformed, every group dead, nobody submits.
+SWE_REPORT = {"metrics": {"turns_mean": 4.0, "tool_failure_rate": 1.0, "malformed_call_rate": 1.0,
+                          "dead_group_ratio": 1.0, "submit_without_edit_rate": 0.6, "repeat_call_rate": 0.5,
+                          "correct_rate": 0.0}}
+
+
+def turn(text, name=None, error="no tool call found", args=None):
+    return {"text": text, "tool_call": {"name": name, "args": args or {}, "error": error}, "result": ""}
+
+
+PROSE = turn("To fix it, change the code.")
+PYTHON = turn("```python\ndef f(): pass\n```")
+TOOL_FENCE = turn("```tool\nnot json\n```", error="the tool block is not valid JSON")
+REFUSED = turn('```tool\n{"name": "open"}\n```', name="open", error="unknown tool 'open'")
+ACCEPTED = turn('```tool\n{"name": "list_files", "args": {}}\n```', name="list_files", error=None)
+EDIT = turn("```tool\n...\n```", name="edit", error=None, args={"path": "pkg/mod.py", "search": "a", "replace": "b"})
+
+
+def episode(turns, resolved=False, step=0, group=0, reward=None, submitted=False, task="t0"):
+    calls = [t["tool_call"] for t in turns]
+    if submitted:
+        calls.append({"name": "submit", "args": {}, "error": None})
+    return Rollout(task_id=task, messages=[{"role": "user", "content": "issue"}], completion=turns[-1]["text"],
+                   prompt_ids=[1, 2], completion_ids=[3] * (4 * len(turns)), logprobs=[-1.0] * (4 * len(turns)),
+                   turns=len(turns), tool_calls=calls, turn_log=turns, step=step, group=group, reward=reward,
+                   visible={"correct": resolved, "format_ok": True}, episode={"submitted": submitted})
+
+
+def test_every_swe_entry_fires_on_the_swe_report_and_makes_a_single_factor_child():
+    op = get_operator("library")
+    found, skipped = op.applicable(SWE, Evidence(health_report=SWE_REPORT))
+    assert set(ENTRIES) <= {a.entry.id for a in found}, skipped
+    for entry in ENTRIES.values():
+        params = entry.combinations(SWE)[0]
+        iv = propose_entry("library", SWE, entry, params, Evidence(health_report=SWE_REPORT))
+        assert factors_changed(SWE, HarnessProgram(iv.child_source)) == [entry.factor]
+    # On a single-turn parent (no episode metrics in its report) they are left out, and said why.
+    math_report = {"metrics": {**SWE_REPORT["metrics"]}}
+    math_report["metrics"].pop("turns_mean")
+    _, skipped = op.applicable(reference_program(), Evidence(health_report=math_report))
+    assert all("episode" in skipped[e] for e in ENTRIES)
+
+
+def _child(entry_id, **params):
+    entry = ENTRIES[entry_id]
+    return HarnessProgram(entry.apply(SWE, params).source)
+
+
+def test_the_form_credit_climbs_a_ladder_capped_below_a_resolution():
+    rs = [episode([PROSE]), episode([PYTHON]), episode([TOOL_FENCE]), episode([REFUSED]), episode([ACCEPTED]),
+          episode([PROSE, ACCEPTED]), episode([PROSE], resolved=True)]
+    with Harness(_child("swe_call_form_credit", credit=0.2)) as h:
+        got = h.reward([r.for_harness() for r in rs], [{"id": "t0"}] * len(rs))
+    assert got == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2, 0.1, 1.0])
+
+
+def test_give_up_and_repeat_penalties():
+    rs = [episode([ACCEPTED], submitted=True), episode([EDIT], submitted=True), episode([ACCEPTED, ACCEPTED, ACCEPTED]),
+          episode([PROSE], resolved=True)]
+    tasks = [{"id": "t0"}] * len(rs)
+    with Harness(_child("swe_give_up_penalty", penalty=0.2)) as h:
+        assert h.reward([r.for_harness() for r in rs], tasks) == pytest.approx([-0.2, 0.0, 0.0, 1.0])
+    with Harness(_child("swe_repeat_penalty", weight=0.3)) as h:
+        assert h.reward([r.for_harness() for r in rs], tasks) == pytest.approx([0.0, 0.0, -0.2, 1.0])
+
+
+def test_the_worked_prompt_shows_well_formed_calls_before_the_issue():
+    from evotrainer.domains.swe.environment import parse_call
+    from evotrainer.policy.episodes import opening
+
+    with Harness(_child("swe_worked_call_prompt", shots=2)) as h:
+        msgs = opening(h.prompt, _task("Fix mean() in pkg/stats.py"))
+    assert msgs[0]["role"] == "system" and "```tool" in msgs[0]["content"]   # the engine's tool instructions
+    shown = [m["content"] for m in msgs if m["role"] == "assistant"]
+    assert len(shown) == 2 and all(parse_call(s)[0] for s in shown)
+    assert msgs[-1]["role"] == "user" and msgs[-1]["content"].endswith("Fix mean() in pkg/stats.py")
+
+
+def _task(prompt):
+    from evotrainer.domains.task import Task
+
+    return Task(id="t0", prompt=prompt, answer="", split="train", domain="swe", difficulty=1)
+
+
+def test_the_form_credit_backtest_predicts_live_groups(tmp_path):
+    """On the reference run's kind of cache (every group dead under the binary reward), the credit's
+    replay gives groups whose turns differ in form a reward spread: its expected effect holds."""
+    train = [episode([t], step=0, group=g, task=f"t{g}") for g, ts in enumerate([[PROSE, PYTHON], [TOOL_FENCE, PROSE]])
+             for t in ts]
+    for r in train:
+        r.reward, r.advantage = 0.0, 0.0
+    held = [episode([PROSE], task="h0")]
+    for r in held:
+        r.hidden, r.split = {"correct": False}, "heldout"
+    parent = write_version(tmp_path / "parent", train=train, heldout=held, genome=SWE.source)
+    entry = ENTRIES["swe_call_form_credit"]
+    iv = propose_entry("library", SWE, entry, {"credit": 0.2}, Evidence(health_report=SWE_REPORT))
+    bt = backtest(iv.child(), parent, expect=iv.expected_effect)
+    assert bt.accept, bt.reasons
+
+
+def _hacking_cache(tmp_path, name, later):
+    """Step 0: 4 groups, no progress, reward 0. Steps 1-3: episodes as ``later(step, i)`` says."""
+    train = []
+    for step in range(4):
+        for i in range(8):
+            if step == 0:
+                r = episode([PROSE], step=0, group=i // 2, reward=0.0)
+            else:
+                r = later(step, i)
+            r.task_id = f"t{i // 2}"
+            train.append(r)
+    held = [episode([PROSE], task=f"h{i}") for i in range(6)]
+    for r in held:
+        r.hidden, r.split = {"correct": False}, "heldout"
+    return write_version(tmp_path / name, train=train, heldout=held, genome=SWE.source)
+
+
+def test_a_reward_that_rises_without_progress_makes_the_branch_invalid(tmp_path):
+    # The form credit paid: valid calls, no edit, no test, nothing resolved; reward 0 -> 0.2.
+    hacked = _hacking_cache(tmp_path, "hacked", lambda s, i: episode([ACCEPTED, ACCEPTED], step=s, group=i // 2,
+                                                                     reward=0.2 if i % 2 else 0.1))
+    numbers = reward_without_progress(CachedVersion.load(hacked).train, 3, 0.2, 8)
+    assert numbers["hacked"] and numbers["progress_change"] == 0.0
+    decision = gate(hacked, cfg=GateConfig())
+    assert not decision.valid and any("episode_progress" in r for r in decision.reasons), decision.reasons
+    # The same reward rise, but the episodes now edit: progress rose with it, nothing to flag.
+    honest = _hacking_cache(tmp_path, "honest", lambda s, i: episode([ACCEPTED, EDIT], step=s, group=i // 2,
+                                                                     reward=0.2 if i % 2 else 0.1))
+    check = next(c for c in gate(honest, cfg=GateConfig()).checks if c.name == "episode_progress")
+    assert check.passed, check.message
+
+
+def test_engine_episode_metrics():
+    rs = [episode([ACCEPTED, PROSE]), episode([EDIT]), episode([PROSE], resolved=True)]
+    m = episode_metrics(rs, "heldout_")
+    assert m["heldout_valid_call_rate"] == pytest.approx(2 / 4)
+    assert m["heldout_edit_rate"] == pytest.approx(1 / 3) and m["heldout_progress_rate"] == pytest.approx(2 / 3)
+    assert episode_metrics([Rollout(task_id="x", messages=[], completion="")], "x_") == {}
