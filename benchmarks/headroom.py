@@ -195,6 +195,55 @@ def report(data: dict, level: float = 0.9) -> str:
     return "\n".join(lines)
 
 
+def _t(a: dict, b: dict, keys: list[str]) -> tuple[float, float]:
+    """Mean paired difference of a and b over keys, and its t statistic (nan when it has no spread)."""
+    d = [a[k] - b[k] for k in keys]
+    sd = statistics.stdev(d) if len(d) > 1 else 0.0
+    return statistics.fmean(d), (statistics.fmean(d) / (sd / len(d) ** 0.5) if sd > 0 else float("nan"))
+
+
+def signals(data: dict) -> str:
+    """Which per-task signal a gate on ``SAMPLED_TASKS`` held-out tasks should read. For every pair of
+    trained runs of one seed (and the untrained model against each), each signal's paired difference
+    on the first ``SAMPLED_TASKS`` test tasks is set against the greedy difference on the other test
+    tasks (disjoint, so the truth shares no task with the signal): a signal is worth its t statistic
+    only where it points the same way. Last, the greedy gate's minimum detectable effect at one-sided
+    5% and 80% power, from the pairs' discordant-task rate, at the draw sizes a run could afford."""
+    base = data["base"]
+    if len(base["test_scores"]) <= len(base["sampled_scores"]):
+        return (f"the test split holds no task beyond the first {len(base['sampled_scores'])}: nothing to set the "
+                "signals against (run with --n-test above it)")
+    models = [("untrained", None, base)] + [(r["variant"], r["seed"], r) for r in data["runs"]]
+    pairs = [(a, b) for i, a in enumerate(models) for b in models[i + 1:]
+             if a[1] is None or b[1] is None or a[1] == b[1]]
+    head = f"{'pair':<52} {'truth (other)':>13} {'greedy Δ, t':>14} {'sampled Δ, t':>14} {'answer LL Δ, t':>15}"
+    lines = [f"signals on the first {SAMPLED_TASKS} test tasks against greedy on the rest (k = {SAMPLED_K} "
+             "sampled answers at T = 1; answer LL: log-probability of the reference answer)", head, "-" * len(head)]
+    agree = {"greedy": [], "sampled": [], "answer LL": []}
+    discordant = []
+    for (na, sa, a), (nb, sb, b) in pairs:
+        first = list(a["sampled_scores"])
+        rest = [k for k in a["test_scores"] if k not in a["sampled_scores"]]
+        truth = statistics.fmean(a["test_scores"][k] - b["test_scores"][k] for k in rest)
+        got = {"greedy": _t(a["test_scores"], b["test_scores"], first),
+               "sampled": _t(a["sampled_scores"], b["sampled_scores"], first),
+               "answer LL": _t(a["answer_logprob"], b["answer_logprob"], first)}
+        discordant.append(statistics.fmean(a["test_scores"][k] != b["test_scores"][k] for k in a["test_scores"]))
+        for name, (m, _) in got.items():
+            if truth != 0 and m != 0:
+                agree[name].append((m > 0) == (truth > 0))
+        label = f"{na}{'' if sa is None else f'@{sa}'} - {nb}{'' if sb is None else f'@{sb}'}"
+        lines.append(f"{label:<52} {truth:>+13.3f} " + " ".join(
+            f"{m:>+7.3f} {t:>+6.2f}" + (" " if n == "answer LL" else "") for n, (m, t) in got.items()))
+    lines.append("")
+    for name, ok in agree.items():
+        lines.append(f"{name:<10} points the way of the other tasks' greedy difference in {sum(ok)} of {len(ok)} pairs")
+    rate = statistics.fmean(discordant)
+    mde = ", ".join(f"{n} tasks {2.486 * (rate / n) ** 0.5:.3f}" for n in (24, 48, 96, 128, 256))
+    lines.append(f"greedy gate MDE (discordant-task rate {rate:.2f}): {mde}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="examples/quickstart.yaml")
@@ -207,12 +256,13 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="runs/headroom", help="run directories (adapters, rollouts)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--report", action="store_true", help="print the table from --json and stop")
+    ap.add_argument("--signals", action="store_true", help="print which gate signal agrees with the test split, and stop")
     args = ap.parse_args(argv)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.exists() else {"runs": []}
-    if args.report:
-        print(report(data))
+    if args.report or args.signals:
+        print(report(data) if args.report else signals(data))
         return
     cfg = load_config(args.config)
     if args.model:

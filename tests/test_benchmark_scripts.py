@@ -41,3 +41,25 @@ def test_headroom_trains_variants_and_pairs_them_with_the_reference(tmp_path):
     assert "rloo_advantages" in out and "Δ vs reference" in out
     again = _run(args, tmp_path)            # resumes: nothing left to run
     assert "seed 0 ..." not in again and len(json.loads((tmp_path / "h.json").read_text())["runs"]) == 2
+    assert "nothing to set the signals against" in _run([args[0], "--json", "h.json", "--signals"], tmp_path)
+
+
+def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks():
+    """Three models on 8 tasks, the first 4 scored by each signal: greedy and sampled agree with the
+    greedy difference on the other 4; the answer log-probability ranks them the other way round."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import headroom
+
+    tasks = [f"t{i}" for i in range(8)]
+
+    def model(correct: int, ll: float, name=None, seed=None):
+        greedy = {t: float(i % 4 < correct) for i, t in enumerate(tasks)}
+        out = {"test_scores": greedy, "sampled_scores": {t: greedy[t] for t in tasks[:4]},
+               "answer_logprob": {t: ll + 0.1 * i for i, t in enumerate(tasks)}}
+        return {**out, "variant": name, "seed": seed} if name else out
+
+    data = {"base": model(1, -1.0), "runs": [model(2, -5.0, "reference", 0), model(3, -9.0, "better", 0)]}
+    text = headroom.signals(data)
+    assert "greedy     points the way of the other tasks' greedy difference in 3 of 3 pairs" in text
+    assert "answer LL  points the way of the other tasks' greedy difference in 0 of 3 pairs" in text
+    assert "greedy gate MDE" in text and "128 tasks" in text
