@@ -224,6 +224,8 @@ def test_swe_episodes_run_on_vllm_with_the_trainers_logprobs_on_assistant_tokens
             forced = per_token_logps(m, ids, torch.ones_like(ids), len(r.completion_ids), temperature=1.0, top_p=1.0)[0]
         sampled = forced[torch.tensor(mask, dtype=torch.bool)]
         assert (torch.tensor(r.logprobs) - sampled).abs().max().item() < LOGPROB_ATOL
+    # each turn resends the trajectory: its KV blocks are found in vLLM's prefix cache, not prefilled again
+    assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
 
 
 def test_loop_runs_with_engine_vllm(tmp_path, capsys, monkeypatch):

@@ -124,7 +124,10 @@ class VllmEngine:
             enable_lora=True, max_loras=max_loras, max_cpu_loras=max_cpu_loras or 2 * max_loras,
             max_lora_rank=lora_rank_bound(policy.lora.r), gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len, logprobs_mode="processed_logprobs", generation_config="vllm",
-            enforce_eager=enforce_eager, disable_log_stats=True, **kv,
+            enforce_eager=enforce_eager, disable_log_stats=True,
+            # An episode's next turn sends the whole trajectory again: with prefix caching its KV blocks
+            # (keyed per LoRA id, so never shared across adapters) are found, not prefilled again.
+            enable_prefix_caching=True, **kv,
         )
         log.info("vLLM engine on %s ready in %.1f s (max_loras=%d)", model_dir, time.perf_counter() - t0, max_loras)
         tok = policy.tokenizer
