@@ -7,6 +7,11 @@ with a change it did not make. Edits may only touch EVOLVE blocks.
 A *factor* is ``knob:<name>`` or ``hook:<name>``. A hook's identity is the normalised AST of its
 function plus the top-level helpers, constants and imports it reaches, so changing a helper used by
 two hooks counts as changing both (and is rejected by the single-factor rule).
+
+A hook change can leave a knob that only the old hook read with no reader (RLOO written without
+``scale_rewards``). Such an *orphaned* knob is part of the hook change, not a second factor: removing
+it (or changing its now meaningless value) does not count, and ``drop_knobs`` removes a declaration
+left behind, which the contract would refuse as read by nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +20,19 @@ import ast
 import functools
 import re
 
+from evotrainer.policy.grpo_config import TRAINER_SETTINGS
+
+from .contract import knob_names_read
 from .errors import ContractError, EditError, SingleFactorError
-from .program import EVOLVE_END, EVOLVE_START, HOOK_PARAMS, HOOKS, HarnessProgram, normalised_dump
+from .program import (
+    EVOLVE_END,
+    EVOLVE_START,
+    HOOK_PARAMS,
+    HOOKS,
+    HarnessProgram,
+    normalised_dump,
+    reference_program,
+)
 
 _SEARCH = re.compile(r"^<{5,9} ?SEARCH\s*$")
 _DIVIDER = re.compile(r"^={5,9}\s*$")
@@ -189,11 +205,80 @@ def _hook_fingerprint(program: HarnessProgram, hook: str) -> str | None:
 
 
 def factors_changed(parent: HarnessProgram, child: HarnessProgram) -> list[str]:
-    """The factors in which ``child`` differs from ``parent``: knobs (sorted), then hooks."""
-    changed = [f"knob:{k}" for k in sorted(set(parent.knobs) | set(child.knobs))
-               if parent.knobs.get(k) != child.knobs.get(k)]
-    changed += [f"hook:{h}" for h in HOOKS if _hook_fingerprint(parent, h) != _hook_fingerprint(child, h)]
-    return changed
+    """The factors in which ``child`` differs from ``parent``: knobs (sorted), then hooks.
+
+    A knob orphaned by the hook change (see ``orphaned_knobs``) is not a factor of its own."""
+    knobs = [k for k in sorted(set(parent.knobs) | set(child.knobs)) if parent.knobs.get(k) != child.knobs.get(k)]
+    hooks = [h for h in HOOKS if _hook_fingerprint(parent, h) != _hook_fingerprint(child, h)]
+    if knobs and hooks:
+        orphaned = set(orphaned_knobs(parent, child, hooks))
+        knobs = [k for k in knobs if k not in orphaned]
+    return [f"knob:{k}" for k in knobs] + [f"hook:{h}" for h in hooks]
+
+
+def orphaned_knobs(parent: HarnessProgram, child: HarnessProgram, hooks: list[str] | None = None) -> list[str]:
+    """Knobs of ``parent`` whose only readers were the hooks ``child`` changes: a changed hook of the
+    parent mentions the knob, and nothing in the child does (trainer settings are always read).
+
+    ``hooks`` are the changed hooks when the caller knows them."""
+    if hooks is None:
+        hooks = [h for h in HOOKS if _hook_fingerprint(parent, h) != _hook_fingerprint(child, h)]
+    if not hooks:
+        return []
+    candidates = [k for k in parent.knobs if k not in TRAINER_SETTINGS]
+    if not candidates:
+        return []
+    read_by_changed: set[str] = set()
+    for hook in hooks:
+        # The parent's hook with its helpers, or the reference hook it fell back to.
+        source = parent if hook in parent.functions else reference_program()
+        if hook not in source.functions:
+            continue
+        defs = _toplevel(source)
+        for name in _deps(source, hook):
+            read_by_changed |= {n.value for n in ast.walk(defs[name][0])
+                                if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    candidates = [k for k in candidates if k in read_by_changed]
+    if not candidates:
+        return []
+    read_by_child = knob_names_read(child)
+    return [k for k in candidates if k not in read_by_child]
+
+
+def drop_knobs(program: HarnessProgram, names: list[str] | set[str]) -> HarnessProgram:
+    """``program`` without the given KNOBS entries (a whole line when the entry has one to itself);
+    EditError when an entry lies outside the EVOLVE blocks or the result does not read back."""
+    names = set(names) & set(program.knobs)
+    if not names:
+        return program
+    node = program.knobs_node
+    source = program.source
+    spans = []
+    for key, value in zip(node.keys, node.values):
+        if isinstance(key, ast.Constant) and key.value in names:
+            if not program.in_evolve_block(key.lineno, value.end_lineno):
+                raise EditError(f"KNOBS[{key.value!r}] (line {key.lineno}) is outside the EVOLVE blocks")
+            start = program._offset(key.lineno, key.col_offset)
+            end = program._offset(value.end_lineno, value.end_col_offset)
+            end += re.match(r"[ \t]*,?", source[end:]).end()
+            line_start = source.rfind("\n", 0, start) + 1
+            rest_of_line = re.match(r"[ \t]*(#[^\n]*)?(\n|$)", source[end:])
+            if not source[line_start:start].strip() and rest_of_line:
+                start, end = line_start, end + rest_of_line.end()
+            else:
+                end += re.match(r"[ \t]*", source[end:]).end()
+            spans.append((start, end))
+    for start, end in sorted(spans, reverse=True):
+        source = source[:start] + source[end:]
+    out = program.with_source(source)
+    want = {k: v for k, v in program.knobs.items() if k not in names}
+    try:
+        ok = out.knobs == want and out.hooks == program.hooks
+    except (ContractError, SyntaxError):
+        ok = False
+    if not ok:
+        raise EditError(f"removing KNOBS {', '.join(sorted(names))} does not leave the rest intact")
+    return out
 
 
 def check_single_factor(parent: HarnessProgram, child: HarnessProgram, allow_multi: bool = False) -> list[str]:

@@ -3,6 +3,10 @@
 The child must differ from its parent, must not duplicate a known genome, must change one factor
 only (unless multi-factor children are allowed), and must pass the harness contract, including
 loading in the sandbox (its module-level code runs there, never in the engine's process).
+
+A knob that only the changed hook read (``scale_rewards`` under a new ``advantages`` that does not
+scale) is part of that change: the child may remove it or leave it declared, and a declaration left
+behind is removed here, since the contract refuses a knob nothing reads.
 """
 
 from __future__ import annotations
@@ -10,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from evotrainer.genome.contract import check_contract
-from evotrainer.genome.edits import factors_changed
-from evotrainer.genome.errors import ContractError
+from evotrainer.genome.edits import drop_knobs, factors_changed, orphaned_knobs
+from evotrainer.genome.errors import ContractError, EditError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import Sandbox, SandboxError
 from evotrainer.operators.base import OperatorError
@@ -34,6 +38,8 @@ def make_intervention(
     tokens = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
     base = parents[0]
     try:
+        if factors is None:
+            child = _without_orphaned_knobs(base, child)
         # Both need the child's syntax tree: a child that does not parse fails the contract here.
         child_hash = child.hash
         factors = list(factors) if factors is not None else list(factors_changed(base, child))
@@ -59,6 +65,17 @@ def make_intervention(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, evidence=evidence.summary(),
         details=dict(details or {}),
     )
+
+
+def _without_orphaned_knobs(parent: HarnessProgram, child: HarnessProgram) -> HarnessProgram:
+    """The child without the declarations of knobs its hook change left unread."""
+    left = [k for k in orphaned_knobs(parent, child) if k in child.knobs]
+    if not left:
+        return child
+    try:
+        return drop_knobs(child, left)
+    except EditError:
+        return child   # left as written: the contract check names the unread knob
 
 
 def _check_contract_and_load(child: HarnessProgram, tokens: dict[str, int]) -> None:
