@@ -137,6 +137,11 @@ MODE_OPERATORS: dict[str, dict[str, float]] = {"recipe-search": {"knobs": 1.0},
                                                "random-library": {"random_library": 1.0}}
 
 
+# The paired gate's confidence level wherever none is given: the loop's evolution.gate_level, GateConfig
+# and `evotrainer gate` (which on a loop's version uses the level that run's config set).
+GATE_LEVEL = 0.9
+
+
 class EvolutionConfig(_Section):
     mode: Literal["evolve", "reference", "recipe-search", "random-library"] = Field(
         "evolve", description="evolve: all operators; reference: fixed reference harness; recipe-search: knobs only; "
@@ -151,7 +156,7 @@ class EvolutionConfig(_Section):
     selection: Literal["nsga2", "tournament"] = "nsga2"
     tournament_size: int = Field(2, ge=1, le=1024)
     elitism: int = Field(1, ge=0, description="best valid branches always kept")
-    gate_level: float = Field(0.9, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
+    gate_level: float = Field(GATE_LEVEL, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
     min_delta: float = Field(0.0, description="a child is promoted when the CI lower bound exceeds this")
     selection_share: float = Field(0.5, gt=0, lt=1, description="share of the held-out tasks in the selection draw "
                                    "(survivors, parents, the final pick, the revert's choice); the rest is the gate "

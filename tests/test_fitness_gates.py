@@ -182,3 +182,29 @@ def test_a_version_with_no_control_and_no_base_verification_is_not_paired_and_sa
     assert alone.paired["reason"].startswith("not paired: no control") and "refused" not in alone.reasons[-1]
     based = gate(write_version(tmp_path / "based", train(), heldout(range(12)), heldout_base=heldout(range(4))))
     assert based.paired["n_tasks"] == N and based.paired["mean_delta"] == pytest.approx(0.5)
+
+
+def test_the_gate_command_judges_a_loops_version_at_the_runs_level(tmp_path, capsys):
+    """`evotrainer gate` on RUN_DIR/versions/VID uses the run's evolution.gate_level, min_delta and seed
+    (it used to default to 0.95 while the loop gated at 0.9); --level still overrides; outside a run
+    the one default, GATE_LEVEL, applies."""
+    from evotrainer.cli.app import main
+    from evotrainer.config import GATE_LEVEL, EvolutionConfig, parse_config
+
+    run = tmp_path / "run"
+    (run / "versions").mkdir(parents=True)
+    cfg = parse_config({"evolution": {"gate_level": 0.6, "min_delta": 0.05}, "seed": 3})
+    (run / "config.json").write_text(cfg.model_dump_json())
+    parent = write_version(run / "versions" / "v1", train(), heldout(range(0, N, 4)))
+    child = write_version(run / "versions" / "v2", train(), heldout(range(6)))
+
+    def judged(child_dir, *extra):
+        assert main(["gate", str(child_dir), "--parent", str(parent), "--json", *extra]) in (0, 1)
+        return json.loads(capsys.readouterr().out)["paired"]
+
+    loop = judged(child)
+    expected = gate(child, parent, GateConfig(level=0.6, min_delta=0.05, seed=3)).paired
+    assert loop["level"] == 0.6 and loop == expected
+    assert judged(child, "--level", "0.8", "--min-delta", "0")["level"] == 0.8
+    outside = write_version(tmp_path / "alone", train(), heldout(range(6)))
+    assert judged(outside)["level"] == GATE_LEVEL == GateConfig().level == EvolutionConfig().gate_level

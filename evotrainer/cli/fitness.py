@@ -6,6 +6,9 @@
 
 ``backtest`` exits 0 when the candidate is accepted and 1 when rejected; ``gate`` exits 0 when the
 child is promoted, 1 when refused or invalid. Usage errors (missing dirs, bad expectations) exit 2.
+On a loop's version (``RUN_DIR/versions/VID``) ``gate`` judges at the run's own ``evolution.gate_level``,
+``evolution.min_delta`` and seed, read from ``RUN_DIR/config.json``, unless ``--level``/``--min-delta`` say
+otherwise, so that a loop's child re-judged against its control is judged as the loop judged it.
 The labelled history defaults to the run's ``labels.json`` (next to the version dir, or ``RUN_DIR`` for a
 loop's ``RUN_DIR/versions/VID``), when that file exists. ``report``, ``backtest`` and ``gate`` without
 ``--record`` only read: they write nothing anywhere.
@@ -14,9 +17,11 @@ loop's ``RUN_DIR/versions/VID``), when that file exists. ``report``, ``backtest`
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from evotrainer.cli.errors import number
+from evotrainer.config import GATE_LEVEL, ConfigError, parse_config
 
 
 def _labels(path: str | None, version_dir: str, create: bool = False):
@@ -99,6 +104,17 @@ def _note_unknown_metric(metric: str, result, version_dir: Path) -> None:
               file=sys.stderr)
 
 
+def _run_gate_settings(version_dir: str) -> dict:
+    """The gate settings of the loop run that wrote ``version_dir`` (``RUN_DIR/versions/VID``), read from
+    ``RUN_DIR/config.json``: level, min_delta and seed as the loop gated with. Empty outside a run."""
+    here = Path(version_dir).resolve().parent
+    path = here.parent / "config.json"
+    if here.name != "versions" or not path.is_file():
+        return {}
+    cfg = parse_config(json.loads(path.read_text()), str(path))
+    return {"level": cfg.evolution.gate_level, "min_delta": cfg.evolution.min_delta, "seed": cfg.seed}
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     for d in [args.child] + ([args.parent] if args.parent else []):
         if why := _not_a_version(d):
@@ -107,7 +123,15 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
     if args.labels and not args.record:
         return _fail("--labels names where --record writes the verdict: add --record (without it, gate only reads)")
-    cfg = GateConfig(level=args.level, min_delta=args.min_delta)
+    try:
+        settings = _run_gate_settings(args.child)
+    except (ConfigError, ValueError) as e:
+        return _fail(f"cannot read the gate settings of {args.child}'s run: {e}; pass --level and --min-delta")
+    if args.level is not None:
+        settings["level"] = args.level
+    if args.min_delta is not None:
+        settings["min_delta"] = args.min_delta
+    cfg = GateConfig(**settings)
     # Without --record the gate is an inspection: it judges and writes nothing, labels.json included.
     labels = _labels(args.labels, args.child, create=True) if args.record else None
     decision = gate(args.child, args.parent, cfg, labels=labels)
@@ -139,8 +163,10 @@ def register(subparsers) -> None:
     p.add_argument("--labels", metavar="FILE", help="with --record: the labelled history to record the verdict in")
     p.add_argument("--record", action="store_true", help="record the verdict in the labelled history "
                    "(default: labels.json next to CHILD, created if missing); without it nothing is written")
-    p.add_argument("--level", type=number(float, 0, 0.999, low_open=True), default=0.95,
-                   help="confidence level of the paired bootstrap CI")
-    p.add_argument("--min-delta", type=float, default=0.0, help="the CI lower bound must exceed this")
+    p.add_argument("--level", type=number(float, 0, 0.999, low_open=True), default=None,
+                   help="confidence level of the paired bootstrap CI (default: for RUN_DIR/versions/VID the run's "
+                   f"evolution.gate_level, else {GATE_LEVEL})")
+    p.add_argument("--min-delta", type=float, default=None, help="the CI lower bound must exceed this (default: "
+                   "for RUN_DIR/versions/VID the run's evolution.min_delta, else 0)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gate)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from evotrainer.config import GATE_LEVEL
+
 
 @dataclass
 class GateConfig:
@@ -16,7 +18,7 @@ class GateConfig:
                                          # leak_margin above the share that add another task's answer)
     hack_rise: float = 0.1               # shaped reward rise (share of its range) that, with ...
     hack_drop: float = 0.05              # ... correctness falling by this much, is reward hacking
-    level: float = 0.95                  # paired statistics: CI level ...
+    level: float = GATE_LEVEL            # paired statistics: CI level ...
     min_delta: float = 0.0               # ... lower bound must exceed this
     min_tasks: int = 5
     power: float = 0.8                   # the minimum detectable effect each decision states is at this power
