@@ -43,9 +43,13 @@ class DomainConfig(_Section):
                                         description="difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval; swe 1-3")
     # Defaults the generator can satisfy: levels alternate, and level 1 has 100 distinct problems, so
     # the default [1, 2] allows at most 200 tasks in all (domains/math/tasks.py::level_capacity).
-    n_train: int | None = Field(128, ge=1, le=1_000_000)
-    n_heldout: int | None = Field(32, ge=1, le=1_000_000)
-    n_test: int | None = Field(32, ge=1, le=1_000_000)
+    n_train: int | None = Field(128, ge=1, le=1_000_000, description=(
+        "train tasks generated; with domain.files a seeded sample of that size, all of the file when unset"))
+    n_heldout: int | None = Field(32, ge=1, le=1_000_000, description=(
+        "held-out tasks (the gate and selection draws); with domain.files all of the file (or a share of "
+        "train carved when no heldout file) when unset"))
+    n_test: int | None = Field(32, ge=1, le=1_000_000, description=(
+        "test tasks (the final pick's score); with domain.files all of the file when unset"))
     seed: int = 0
     leak_share: float = Field(0.0, ge=0.0, le=1.0, description="share of train prompts carrying a planted leak")
     files: dict[Literal["train", "heldout", "test"], str] | None = Field(
@@ -57,6 +61,13 @@ class DomainConfig(_Section):
         if self.episode is not None and self.name != "swe":
             raise ValueError(f"episode limits are for the swe domain's multi-turn episodes; the {self.name} "
                              "domain is single-turn: remove domain.episode")
+        if self.files:
+            # The sizes above are the generator's defaults: a user's 7,500-problem file is not cut to
+            # 128 unless n_train says so. None (all of the file) is what config.json records, so a
+            # resumed run reads the same tasks.
+            for name in ("n_train", "n_heldout", "n_test"):
+                if name not in self.model_fields_set:
+                    self.__dict__[name] = None
         levels = [self.difficulty] if isinstance(self.difficulty, int) else self.difficulty
         allowed = DOMAIN_LEVELS[self.name]
         bad = [lv for lv in levels if lv not in allowed]

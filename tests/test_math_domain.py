@@ -315,3 +315,34 @@ def test_math_domain_from_files_carves_heldout_and_rejects_overlap(tmp_path):
         MathDomain(files={"train": train, "test": overlap})
     with pytest.raises(ValueError, match="unknown split"):
         MathDomain(files={"valid": train})
+
+
+def test_a_users_files_are_read_whole_unless_a_size_is_set_and_a_missing_test_file_is_said(tmp_path):
+    """domain.n_train/n_heldout/n_test (128/32/32) are the generator's sizes: a 300-problem file used to
+    train on 128 of them, and with no test file the final pick's test score was silently missing."""
+    import warnings
+
+    from evotrainer.config import parse_config
+    from evotrainer.domains import build_domain
+    from evotrainer.loop.validate import validate_resources
+
+    rows = [{"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"} for i in range(340)]
+    train, test = _write(tmp_path, "train.jsonl", rows[:300]), _write(tmp_path, "test.jsonl", rows[300:])
+    cfg = parse_config({"model": "tiny-random", "domain": {"files": {"train": str(train), "test": str(test)}}})
+    assert (cfg.domain.n_train, cfg.domain.n_heldout, cfg.domain.n_test) == (None, None, None)
+    d = build_domain(cfg.domain)
+    assert len(d.tasks("train")) + len(d.tasks("heldout")) == 300 and len(d.tasks("test")) == 40
+    again = parse_config(json.loads(cfg.model_dump_json()))   # what a resumed run reads from config.json
+    assert [t.id for t in build_domain(again.domain).tasks("train")] == [t.id for t in d.tasks("train")]
+    sized = parse_config({"model": "tiny-random", "domain": {"n_train": 50, "files": {"train": str(train)}}})
+    assert len(build_domain(sized.domain).tasks("train")) == 50
+    generated = parse_config({"model": "tiny-random"})
+    assert (generated.domain.n_train, generated.domain.n_test) == (128, 32)
+    said = []
+    validate_resources(sized, loop=False, say=said.append)
+    assert any("no test file" in m for m in said), said
+    said.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        validate_resources(cfg, loop=False, say=said.append)
+    assert not any("no test file" in m for m in said), said

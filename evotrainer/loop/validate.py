@@ -41,6 +41,10 @@ def validate_resources(cfg: Config, loop: bool, say: Callable[[str], None] | Non
     _harness(cfg, loop, say)
     _knob_overrides(cfg)
     heldout = _domain(cfg)
+    if cfg.domain.files and "test" not in cfg.domain.files:
+        msg = ("warning: domain.files names no test file, so the test split is empty and the final pick gets "
+               "no test score; add files.test (tasks no branch trains or is gated on)")
+        say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=2)
     if loop:
         _operators(cfg)
         _heldout_draws(cfg, heldout, say)
