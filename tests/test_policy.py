@@ -246,3 +246,24 @@ def test_a_step_over_several_micro_batches_equals_one_over_the_whole_batch(polic
     # whose gradient is at float-noise level may move by up to lr either way: the policies after the
     # step agree to ~1e-4 on these ~25-nat log-probs, not to the last bit.
     assert torch.allclose(policy.probe_logprobs("one"), policy.probe_logprobs("two"), atol=1e-3)
+
+
+def test_a_model_folder_without_a_chat_template_is_said_to_get_chatml(tmp_path, caplog):
+    """A user's base-model folder with no chat template used to get SmolLM2's ChatML silently."""
+    import logging
+
+    from evotrainer.policy.base_model import CHATML_TEMPLATE, load_tokenizer
+
+    model, tok = load_base_model("tiny-random", seed=0)
+    model.save_pretrained(tmp_path / "bare")
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path / "bare")
+    (tmp_path / "bare" / "chat_template.jinja").unlink(missing_ok=True)
+    with caplog.at_level(logging.WARNING, logger="evotrainer.policy.base_model"):
+        bare = load_tokenizer(str(tmp_path / "bare"))
+    assert bare.chat_template == CHATML_TEMPLATE
+    assert any("has no chat template" in r.getMessage() and "bare" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="evotrainer.policy.base_model"):
+        load_tokenizer("tiny-random")
+    assert not any("chat template" in r.getMessage() for r in caplog.records)

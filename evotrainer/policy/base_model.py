@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-random"
@@ -109,6 +112,10 @@ def load_tokenizer(spec: str = EMBEDDED) -> PreTrainedTokenizerBase:
     folder = embedded_model_dir() if spec in (EMBEDDED, TINY) else _local_dir(spec)
     tok = AutoTokenizer.from_pretrained(folder)
     if not tok.chat_template:
+        if spec not in (EMBEDDED, TINY):   # a base model's folder: its prompts would be formatted in a
+            # template it was never trained on, which is worth knowing before its scores are read
+            log.warning("model folder %s has no chat template: prompts use ChatML (SmolLM2's); if the model "
+                        "expects another format, add its chat_template to tokenizer_config.json", folder)
         tok.chat_template = CHATML_TEMPLATE
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
