@@ -95,3 +95,39 @@ def test_reference_completions_pass_their_verifier():
         tasks = d.tasks("test")
         verdicts = d.verify_batch(tasks, [d.reference_completion(t) for t in tasks])
         assert all(v["correct"] for v in verdicts), name
+
+
+def _saved_bytes(fn):
+    """(result, bytes of the tensors autograd keeps for the backward pass while ``fn`` runs)."""
+    kept = []
+
+    def pack(t):
+        kept.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(kept)
+
+
+def test_past_the_logits_budget_the_head_runs_in_chunks_with_the_same_logps_and_gradients(monkeypatch):
+    """A 151k-vocabulary model's logits over a batch's completions do not fit in memory at once: past
+    LOGITS_BUDGET the head runs a few positions at a time, recomputed in the backward pass. Same
+    log-probs and LoRA gradients on both trainer paths, and far less kept for the backward pass."""
+    import evotrainer.policy.logps as logps_module
+
+    pol = _policy()
+    rollouts = _rollouts(pol.tokenizer)
+    vocab = pol.base_model.config.vocab_size
+    for shared in (True, False):
+        for top_p in (1.0, 0.9):
+            (lp, grads, batch), kept = _saved_bytes(lambda: _logps_and_grads(pol, rollouts, shared, top_p=top_p))
+            monkeypatch.setattr(logps_module, "LOGITS_BUDGET", 5 * vocab)   # 5 positions at a time
+            (lp_c, grads_c, _), kept_c = _saved_bytes(lambda: _logps_and_grads(pol, rollouts, shared, top_p=top_p))
+            monkeypatch.undo()
+            mask = batch["completion_mask"]
+            assert float(((lp - lp_c).abs() * mask).max()) < 1e-5
+            for a, b in zip(grads, grads_c):
+                assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+            logits_bytes = mask.numel() * vocab * 4
+            assert kept - kept_c > logits_bytes // 2, (kept, kept_c, logits_bytes)
