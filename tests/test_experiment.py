@@ -295,6 +295,39 @@ def test_carry_optimizer_continues_each_lineages_adamw_state(tmp_path):
     assert checked, "some version inherited a non-empty optimizer state"
 
 
+def test_an_inherited_optimizer_state_that_does_not_fit_stops_the_run_as_an_engine_error(tmp_path, monkeypatch):
+    """load_optimizer_state's shape mismatch is the run directory's problem, not the child's harness:
+    it used to be caught as a harness failure and the child rejected with "harness failed in training".
+    Now it stops the run with what failed and how to fix it, and no version is blamed."""
+    import torch
+
+    from evotrainer.genome.program import reference_program
+    from evotrainer.policy.grpo import GRPOTrainer
+    from evotrainer.records.run_dir import RunDirError
+
+    real = GRPOTrainer.load_optimizer_state
+
+    def another_shape(self, state):   # as if the parent had another LoRA rank
+        state = {i: {**st, "exp_avg": torch.zeros(3, 5)} for i, st in state.items()}
+        return real(self, state)
+
+    monkeypatch.setattr(GRPOTrainer, "load_optimizer_state", another_shape)
+    # A reward that varies with the completion, so that the seed's update leaves a state to inherit.
+    source = reference_program().source.replace(
+        'return [1.0 if r["visible"].get("correct") else 0.0 for r in rollouts]',
+        'return [float(len(r["completion"]) % 3) for r in rollouts]')
+    (tmp_path / "harness.py").write_text(source)
+    cfg = tiny_cfg(tmp_path / "run", operators={"knobs": 1.0}, generations=2)
+    cfg["harness"], cfg["train"]["carry_optimizer"] = str(tmp_path / "harness.py"), True
+    with pytest.raises(RunDirError) as err:
+        Experiment(parse_config(cfg)).run()
+    message = str(err.value)
+    assert "optimizer state does not fit" in message and "optimizer.pt" in message
+    assert "train.carry_optimizer: false" in message
+    metas = [VersionDir(p).meta() for p in sorted((tmp_path / "run" / "versions").iterdir())]
+    assert not any("harness failed" in str(m.decision) for m in metas)
+
+
 def test_train_steps_budget_overshoots_by_at_most_k_minus_one(tmp_path):
     """The exact rule (loop/budgets.py): a version starts only while steps are left, and a started
     version trains all k steps, so the run spends budget + k - 1 at most; here 3 + 2 - 1 = 4."""

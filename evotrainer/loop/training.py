@@ -9,6 +9,7 @@ drops a version.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import shutil
 import time
 from typing import TYPE_CHECKING
@@ -64,12 +65,17 @@ class BranchTraining:
         try:
             program = HarnessProgram(vd.genome_source(), name=f"{self.vid}/genome.py")
             self.harness = self._stack.enter_context(Harness(program, sandbox=cfg.sandbox))
-            grpo = grpo_config(self.harness, cfg.grpo.model_dump())
+            try:
+                grpo = grpo_config(self.harness, cfg.grpo.model_dump())
+            except GenomeError:
+                raise
+            except ValueError as e:   # the recipe the harness's knobs make: the harness's failure
+                raise GenomeError(f"the trainer refuses the recipe of its KNOBS: {e}") from e
             self.trainer = GRPOTrainer(exp.runtime.policy, self.vid, grpo,
                                        max_tokens=sampled_token_budget(exp.runtime.domain, grpo.max_completion_length))
             inherited = vd.adapter_dir / OPTIMIZER_FILE   # copied with the parent's adapter
             if cfg.train.carry_optimizer and inherited.is_file():
-                self.trainer.load_optimizer_state(torch.load(inherited, weights_only=True))
+                self._load_inherited_optimizer(inherited)
         except BaseException:
             self._stack.close()
             raise
@@ -77,6 +83,18 @@ class BranchTraining:
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
+
+    def _load_inherited_optimizer(self, path) -> None:
+        """The parent's AdamW moments; one that does not fit this branch is the run directory's
+        problem (another LoRA shape, a damaged file), not the harness's: it stops the run with the fix."""
+        try:
+            self.trainer.load_optimizer_state(torch.load(path, weights_only=True))
+        except (ValueError, RuntimeError, KeyError, OSError, EOFError, pickle.UnpicklingError) as e:
+            raise RunDirError(
+                f"{self.vid}: the optimizer state it inherits from {self.meta.parents[0] if self.meta.parents else 'its seed'} "
+                f"({path}) cannot be loaded: {e}. Set train.carry_optimizer: false in the run's config.json to "
+                f"start every version with a fresh optimizer, or delete {path} to start {self.vid} alone with one; "
+                "then resume the run") from e
 
     def start_from_parent(self) -> None:
         """Training always starts from a fresh copy of the parent's adapter (a seed: from none). An
@@ -153,7 +171,9 @@ class BranchTraining:
         # The adapter stays loaded: verification comes next and would otherwise read it back from disk.
 
 
-HARNESS_FAILURES = (SandboxError, GenomeError, ValueError)
+# What a harness can cause at run time. Not ValueError at large: the engine's own ValueErrors (an
+# inherited optimizer state that does not fit, a run directory that cannot be used) are not the harness's.
+HARNESS_FAILURES = (SandboxError, GenomeError)
 
 
 def train_version(exp: Experiment, vid: str) -> None:
@@ -233,7 +253,7 @@ def verify_versions(exp: Experiment, vids: list[str], on_done=None) -> None:
             with Harness(program, sandbox=exp.cfg.sandbox) as harness:   # a version is verified as it is asked
                 ask = prompt_fn(harness)
                 asked = {t.id: ask(t) for t in rt.heldout_tasks} if ask is not default_prompt else None
-        except (SandboxError, GenomeError, ValueError) as e:
+        except HARNESS_FAILURES as e:
             meta.status, meta.decision = "rejected", {"reasons": [f"harness failed in verification: {e}"]}
             vd.save_meta(meta)
             rt.unload_adapter(vid)
