@@ -1,5 +1,7 @@
-"""Issue 10's leftovers: a garbled --evidence file, defaults the math generator can satisfy, run --resume
-with a config that is not the run's own, and plots written atomically."""
+"""What the command line does with inputs it cannot use and the files it writes: a garbled or mistyped
+--evidence file, config defaults the math generator can satisfy (and how many tasks fit when not),
+run --resume with a config that is not the run's own, plots written atomically, and the lineage
+command's link to the genealogy table."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
 """End to end with a real LLM: the local base model through transformers, llm_diff on the
-reference harness. A 135M model mostly writes unusable edits; what must hold is that the result is
-an applied Intervention or a rejection with a reason (counted), never a crash."""
+reference harness. The models here cannot write a usable reply in the tokens allowed (a 135M model in
+64 tokens, the tiny random one at all): greedy decoding makes the outcome fixed, a counted parse
+rejection with its reason, never a crash; the tokens are spent and counted, and a spent budget stops
+the next proposal. Accepted children are tested on recorded replies (test_operators_llm.py)."""
 
 import pytest
 
-from evotrainer.genome import HarnessProgram, check_contract, factors_changed, reference_program
-from evotrainer.operators import REJECTION_KINDS, Evidence, OperatorError, get_operator, run_operator
+from evotrainer.genome import HarnessProgram, reference_program
+from evotrainer.operators import Evidence, OperatorError, get_operator, run_operator
 from evotrainer.operators.llm_client import LocalClient, TokenBudget
 
 REPORT = {
@@ -33,15 +35,10 @@ def test_local_llm_diff_is_applied_or_rejected_with_a_reason():
     budget = TokenBudget(max_calls=1)
     op = get_operator("llm_diff", client=local_client(budget), max_tokens=64, temperature=0.0)
     stats = {}
-    try:
-        iv = run_operator(op, [parent], Evidence(health_report=REPORT), stats)
-    except OperatorError as err:
-        assert err.kind in REJECTION_KINDS and err.reason
-        assert stats["llm_diff"].rejections == {err.kind: 1}
-    else:
-        check_contract(iv.child())
-        assert factors_changed(parent, iv.child()) == [iv.factor] and iv.expected_effect is not None
-        assert stats["llm_diff"].accepted == 1
+    with pytest.raises(OperatorError) as err:
+        run_operator(op, [parent], Evidence(health_report=REPORT), stats)
+    assert err.value.kind == "parse" and err.value.reason.startswith("reply does not parse: ")
+    assert stats["llm_diff"].rejections == {"parse": 1} and stats["llm_diff"].accepted == 0
     assert stats["llm_diff"].prompt_tokens > 1000 and 0 < stats["llm_diff"].completion_tokens <= 64
     assert budget.calls == 1 and budget.tokens == stats["llm_diff"].prompt_tokens + stats["llm_diff"].completion_tokens
     # The budget is spent: the next proposal stops cleanly before calling the model.
@@ -53,7 +50,7 @@ def test_local_llm_diff_is_applied_or_rejected_with_a_reason():
 @pytest.mark.parametrize("name", ["llm_rewrite", "llm_crossover", "llm_repair"])
 def test_every_free_form_llm_operator_runs_on_a_real_local_model(name):
     """The tiny random model through the real LocalClient (its replies are noise): each operator asks
-    the model, spends and counts its tokens, and ends in an applied child or a counted rejection."""
+    the model, spends and counts its tokens, and ends in a counted parse rejection."""
     parent = reference_program()
     budget = TokenBudget(max_calls=1)
     client = LocalClient("tiny-random", greedy=True, budget=budget, threads=1)
@@ -66,14 +63,10 @@ def test_every_free_form_llm_operator_runs_on_a_real_local_model(name):
         evidence.failed_source = parent.source.replace("def reward(rollouts, tasks):", "def reward(rollouts, tasks)")
         evidence.failure = "syntax error at line 60: expected ':'"
     stats = {}
-    try:
-        iv = run_operator(op, parents, evidence, stats, name=name)
-    except OperatorError as err:
-        assert err.kind in REJECTION_KINDS and err.reason
-        assert sum(stats[name].rejections.values()) == 1
-    else:
-        check_contract(iv.child())
-        assert stats[name].accepted == 1
+    with pytest.raises(OperatorError) as err:
+        run_operator(op, parents, evidence, stats, name=name)
+    assert err.value.kind == "parse" and err.value.reason.startswith("reply does not parse: ")
+    assert stats[name].rejections == {"parse": 1} and stats[name].accepted == 0
     assert stats[name].prompt_tokens > 100 and 0 < stats[name].completion_tokens <= 32
     assert budget.calls == 1 and budget.tokens == stats[name].prompt_tokens + stats[name].completion_tokens
 
