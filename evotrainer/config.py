@@ -219,6 +219,20 @@ class RayConfig(_Section):
                                             "version retried or rejected; None = no limit")
 
 
+class VllmConfig(_Section):
+    """vLLM's own settings (engine: vllm); None picks the platform's default."""
+
+    max_model_len: int | None = Field(None, ge=16, le=1_048_576, description=(
+        "context length vLLM serves (prompt and completion, or a whole episode); None: the model's, capped at "
+        "2048 on a CPU, where the KV cache is sized for it"))
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description=(
+        "share of the GPU's memory vLLM takes for weights and KV cache; training shares the GPU with it"))
+    enforce_eager: bool | None = Field(None, description=(
+        "no CUDA graphs; None: on a CPU (which has none), off on a GPU (graphs speed up decoding)"))
+    enable_prefix_caching: bool = Field(True, description=(
+        "reuse the KV blocks of a shared prefix: a group's prompt, an episode's trajectory so far"))
+
+
 class Config(_Section):
     model: str = Field("smollm2-135m", description="'smollm2-135m', 'tiny-random' or a local HF folder")
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -231,6 +245,7 @@ class Config(_Section):
         "local", description="where branch versions train and verify: local (this process, one after another) "
                              "or ray (one Ray worker per version, in parallel; the ray extra)")
     ray: RayConfig = Field(default_factory=RayConfig)
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
     run_dir: str = "runs/train"
     harness: str | None = Field(None, description="harness genome file (None = the reference harness)")
     sandbox: bool = Field(True, description="run harness hooks in a sandboxed subprocess")

