@@ -106,6 +106,21 @@ def test_an_edited_verdict_is_still_a_mismatch(domain):
     rollouts[-1].hidden = {**rollouts[-1].hidden, "correct": True}  # the edit
     check = _tamper_check(domain, rollouts[:4], rollouts[4:])
     assert not check.passed and check.numbers["mismatches"] == 1 and check.numbers["not_rejudged"] == 0
+    assert "heldout:0 stored correct=True but the verifier says correct=False" in check.message
+
+
+def test_the_tamper_line_names_the_field_that_differs(domain):
+    """An edited format_ok on a wrong answer: the line used to say "stored correct=False but verifier
+    says False", printing the one field that agreed."""
+    held = domain.tasks("heldout")
+    wrong = f"```python\n{held[0].visible['header'].splitlines()[0]}\n    return None\n```"
+    rollouts = _rollouts(domain, held[:1], [wrong])
+    assert not rollouts[0].hidden["correct"] and rollouts[0].hidden["format_ok"]
+    rollouts[0].hidden = {**rollouts[0].hidden, "format_ok": False}  # the edit
+    check = _tamper_check(domain, [], rollouts)
+    assert not check.passed and check.numbers["mismatches"] == 1
+    assert "heldout:0 stored format_ok=False but the verifier says format_ok=True" in check.message
+    assert "correct=" not in check.message
 
 
 @pytest.fixture(scope="module")

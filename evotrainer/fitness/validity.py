@@ -104,14 +104,16 @@ def _tamper(v: CachedVersion) -> Check:
         for (i, r), fresh in zip(known, fresh_all):
             n += 1
             stored = getattr(r, where)
-            if bool(stored.get("correct")) != bool(fresh["correct"]) or \
-                    bool(stored.get("format_ok")) != bool(fresh["format_ok"]):
+            differ = [k for k in ("correct", "format_ok") if bool(stored.get(k)) != bool(fresh[k])]
+            if differ:
                 if _inconclusive(stored, fresh):
                     unjudged.append(f"{split}:{i}")
                 else:
                     wrong += 1
-                    bad.append(f"{split}:{i} stored correct={stored.get('correct')} but verifier says "
-                               f"{fresh['correct']}")
+                    # The fields that differ, on both sides: "stored correct=False but the verifier says
+                    # False" hid that the edit was in format_ok.
+                    bad.append(f"{split}:{i} stored {', '.join(f'{k}={stored.get(k)}' for k in differ)} but the "
+                               f"verifier says {', '.join(f'{k}={fresh[k]}' for k in differ)}")
             if split != "train" and (v.leak_of(r) is not None or "(Reference note" in str(r.messages)):
                 notes += 1
                 bad.append(f"{split}:{i} held-out prompt carries a reference note")
