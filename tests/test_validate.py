@@ -119,3 +119,21 @@ def test_empty_lora_targets_are_refused_before_the_model_loads(tmp_path):
     c.lora.target_modules = []
     with pytest.raises(ConfigError, match=r"field 'lora.target_modules': empty"):
         validate_resources(c, loop=False)
+
+
+def test_ray_workers_on_cuda_must_reserve_a_gpu_and_shared_gpus_must_fit_their_vllm_engines(tmp_path, monkeypatch):
+    """Ray hides the GPUs a worker did not reserve: device cuda with ray.num_gpus_per_branch 0 trained
+    on no GPU. Two workers on one GPU each start a vLLM engine at vllm.gpu_memory_utilization. The
+    driver's own CUDA is not asked (on a cluster it is often a CPU head node)."""
+    import evotrainer.loop.validate as validate
+
+    monkeypatch.setattr(validate, "ray_installed", lambda: True)   # the rule under test, not the install
+    with pytest.raises(ConfigError, match="ray.num_gpus_per_branch': 0 with device: cuda"):
+        validate_resources(cfg(tmp_path, executor="ray", device="cuda"), loop=True)
+    shared = {"executor": "ray", "device": "cuda", "engine": "vllm", "ray": {"num_gpus_per_branch": 0.25}}
+    with pytest.raises(ConfigError, match="4 workers share a GPU .* 120% before any training memory"):
+        validate._executor(cfg(tmp_path, **shared))
+    validate._executor(cfg(tmp_path, **shared, vllm={"gpu_memory_utilization": 0.15}))   # 60%: fits
+    validate._device(cfg(tmp_path, executor="ray", device="cuda"))   # no CUDA on this driver: not its business
+    with pytest.raises(ConfigError, match="not available here"):
+        validate._device(cfg(tmp_path, device="cuda"))

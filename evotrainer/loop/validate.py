@@ -59,10 +59,26 @@ def ray_installed() -> bool:
 
 
 def _executor(cfg: Config) -> None:
-    """``executor: ray`` needs ray installed (checked before any compute, not at the first version)."""
-    if cfg.executor == "ray" and not ray_installed():
+    """``executor: ray`` needs ray installed (checked before any compute, not at the first version), and
+    workers that train on a GPU must reserve one: Ray hides the GPUs a worker did not reserve."""
+    if cfg.executor != "ray":
+        return
+    if not ray_installed():
         raise ConfigError("field 'executor': executor: ray needs the ray package, which is not installed; "
                           "install the ray extra (pip install -c constraints.txt -e '.[ray]'), or set executor: local")
+    share = cfg.ray.num_gpus_per_branch
+    if cfg.device.startswith("cuda") and share == 0:
+        raise ConfigError("field 'ray.num_gpus_per_branch': 0 with device: cuda, so every Ray worker would see no "
+                          "GPU; set it to 1 (a GPU per worker) or a fraction such as 0.5 (two workers share one)")
+    if cfg.device.startswith("cuda") and 0 < share < 1 and cfg.engine == "vllm":
+        workers = int(1 / share)   # workers Ray places on one GPU
+        taken = workers * cfg.vllm.gpu_memory_utilization
+        if taken > 0.8:
+            raise ConfigError(
+                f"field 'vllm.gpu_memory_utilization': {workers} workers share a GPU (ray.num_gpus_per_branch "
+                f"{share}), each with its own vLLM engine taking {cfg.vllm.gpu_memory_utilization:.0%} of it: "
+                f"{taken:.0%} before any training memory; lower vllm.gpu_memory_utilization or raise "
+                "ray.num_gpus_per_branch")
 
 
 def _engine(cfg: Config, say: Callable[[str], None] | None) -> None:
@@ -182,6 +198,8 @@ def _device(cfg: Config) -> None:
         device = torch.device(cfg.device)
     except (RuntimeError, ValueError) as e:
         raise ConfigError(f"field 'device': {cfg.device!r} is not a torch device ({e}); use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and cfg.executor == "ray":
+        return   # the workers train, on the cluster's GPUs (ray.num_gpus_per_branch), not this driver
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (device.index or 0) >= count:
