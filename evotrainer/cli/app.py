@@ -1,5 +1,6 @@
 """The ``evotrainer`` command line, assembled from one module per command group.
 
+    evotrainer check CONFIG                   everything a run would refuse, without compute (cli/check.py)
     evotrainer train CONFIG                   train one branch under its harness (cli/train.py)
     evotrainer run|resume|status|approve|reject   the co-evolution loop (cli/loop.py)
     evotrainer lineage|skills RUN_DIR         inspect a run (cli/inspect.py)
@@ -16,11 +17,11 @@ import logging
 import sys
 from typing import Sequence
 
-from evotrainer.cli import domain, fitness, genome, inspect, loop, mutate, train
+from evotrainer.cli import check, domain, fitness, genome, inspect, loop, mutate, train
 from evotrainer.cli.errors import run_command
 
 # The command groups, in the order `evotrainer --help` lists them.
-COMMAND_GROUPS = (train, loop, inspect, genome, mutate, fitness, domain)
+COMMAND_GROUPS = (check, train, loop, inspect, genome, mutate, fitness, domain)
 
 
 def build_parser() -> argparse.ArgumentParser:

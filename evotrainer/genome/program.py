@@ -173,6 +173,21 @@ class HarnessProgram:
             source = source[:start] + text + source[end:]
         return self.with_source(source)
 
+    def with_knob_choices(self, name: str, choices: list, value: Any) -> HarnessProgram:
+        """A new program whose knob ``name`` offers ``choices`` and holds ``value``; the rest kept."""
+        if name not in self.knobs:
+            raise ContractError(f"unknown knob {name!r}; declared: {', '.join(self.knobs) or 'none'}")
+        validate_knob(name, {**self.knobs[name], "choices": list(choices), "value": value})
+        source = self.source
+        spans = []
+        for field, text in (("choices", repr(list(choices))), ("value", repr(value))):
+            node = _knob_value_node(self.knobs_node, name, field)
+            spans.append((self._offset(node.lineno, node.col_offset),
+                          self._offset(node.end_lineno, node.end_col_offset), text))
+        for start, end, text in sorted(spans, reverse=True):
+            source = source[:start] + text + source[end:]
+        return self.with_source(source)
+
     def _offset(self, lineno: int, col_bytes: int) -> int:
         """Character offset of an AST position (AST columns count UTF-8 bytes)."""
         lines = self.source.splitlines(keepends=True)
@@ -187,13 +202,13 @@ def reference_program() -> HarnessProgram:
     return HarnessProgram.from_file(REFERENCE_PATH)
 
 
-def _knob_value_node(knobs: ast.Dict, name: str) -> ast.expr:
+def _knob_value_node(knobs: ast.Dict, name: str, field: str = "value") -> ast.expr:
     for key, spec in zip(knobs.keys, knobs.values):
         if isinstance(key, ast.Constant) and key.value == name and isinstance(spec, ast.Dict):
             for k, v in zip(spec.keys, spec.values):
-                if isinstance(k, ast.Constant) and k.value == "value":
+                if isinstance(k, ast.Constant) and k.value == field:
                     return v
-    raise ContractError(f"knob {name!r}: no 'value' entry to rewrite")
+    raise ContractError(f"knob {name!r}: no {field!r} entry to rewrite")
 
 
 def validate_knob(name: Any, spec: Any) -> None:

@@ -7,10 +7,14 @@ training stack is imported.
 
 from __future__ import annotations
 
+import logging
+
 from evotrainer.config import Config, ConfigError
 from evotrainer.genome.errors import ContractError
 from evotrainer.genome.program import REFERENCE_PATH, HarnessProgram, reference_program
 from evotrainer.policy.grpo_config import TRAINER_SETTINGS
+
+log = logging.getLogger(__name__)
 
 # The reference harness of a domain whose recipe differs from the math one (used when `harness` is not set).
 DOMAIN_HARNESSES = {"code": REFERENCE_PATH.with_name("reference_code_harness.py"),
@@ -29,11 +33,33 @@ def seed_program(cfg: Config) -> HarnessProgram:
                           "trainer setting, so nothing would read it; declare the knob in the harness's KNOBS "
                           "and read it in a hook, or remove the override")
     values = {k: v for k, v in overrides.items() if k in program.knobs}
+    if cfg.harness is None:
+        program = _scaled_choices(program, values)
     try:
         return program.with_knobs(**values) if values else program
     except ContractError as e:
         raise ConfigError(f"grpo override outside the harness's declared knob space: {e}; "
                           "choose an allowed value or widen the knob in the harness's KNOBS") from None
+
+
+def _scaled_choices(program: HarnessProgram, values: dict) -> HarnessProgram:
+    """The built-in harnesses' choices are sized for the embedded 135M model (completions of 32-256
+    tokens on math). An override outside a numeric knob's choices (a 1.5B model's 1024-token chain of
+    thought) scales them by the same factor as the value, so the search keeps the same neighbourhood
+    around the user's setting; said in the log. A user's own harness file is taken as written."""
+    for name, value in values.items():
+        spec = program.knobs[name]
+        choices, default = spec.get("choices"), spec.get("value")
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if (not choices or value in choices or not numeric or value <= 0
+                or not all(isinstance(c, int | float) and not isinstance(c, bool) and c > 0 for c in [default, *choices])):
+            continue
+        factor = value / default
+        scaled = [round(c * factor) if isinstance(c, int) and isinstance(value, int) else c * factor for c in choices]
+        log.warning("grpo.%s %s is outside the built-in harness's choices %s: they scale with it to %s",
+                    name, value, choices, scaled)
+        program = program.with_knob_choices(name, scaled, value)
+    return program
 
 
 def load_program(path: str | None, domain: str | None = None) -> HarnessProgram:

@@ -38,20 +38,42 @@ def validate_resources(cfg: Config, loop: bool, say: Callable[[str], None] | Non
     """Raises ConfigError for the first thing ``cfg`` names that cannot be used; ``loop`` adds the
     loop's own settings (operators). Loads no model weights and trains nothing. Warnings go to
     ``say`` (else Python's warnings)."""
-    _harness(cfg, loop, say)
-    _knob_overrides(cfg)
-    heldout = _domain(cfg)
+    config_problems(cfg, loop, say, first_only=True)
+
+
+def config_problems(cfg: Config, loop: bool, say: Callable[[str], None] | None = None,
+                    first_only: bool = False) -> list[str]:
+    """Every check's refusal, one message each (``evotrainer check``); with ``first_only`` the first
+    is raised as the ConfigError it is. A check that needs what an earlier one refused is skipped."""
+    found: list[str] = []
+    refused = object()
+
+    def run(check, *args):
+        try:
+            return check(*args)
+        except ConfigError as e:
+            if first_only:
+                raise
+            found.append(str(e))
+            return refused
+
+    if run(_harness, cfg, loop, say) is not refused:   # the overrides are written into that harness
+        run(_knob_overrides, cfg)
+    heldout = run(_domain, cfg)
+    heldout = None if heldout is refused else heldout
     if cfg.domain.files and "test" not in cfg.domain.files:
         msg = ("warning: domain.files names no test file, so the test split is empty and the final pick gets "
                "no test score; add files.test (tasks no branch trains or is gated on)")
-        say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=2)
+        say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=3)
     if loop:
-        _operators(cfg)
-        _heldout_draws(cfg, heldout, say)
-    _device(cfg)
-    _model_and_lora(cfg)
-    _engine(cfg, say)
-    _executor(cfg)
+        run(_operators, cfg)
+        if heldout is not None:
+            run(_heldout_draws, cfg, heldout, say)
+    run(_device, cfg)
+    run(_model_and_lora, cfg)
+    run(_engine, cfg, say)
+    run(_executor, cfg)
+    return found
 
 
 def ray_installed() -> bool:
@@ -118,7 +140,7 @@ def _harness(cfg: Config, loop: bool, say: Callable[[str], None] | None) -> None
     if cfg.harness:
         msg = (f"warning: sandbox: false: the hooks of {cfg.harness} run in this process with your rights, "
                "unsandboxed; use it only for a harness you wrote")
-        say(msg) if say else warnings.warn(msg, InProcessHarnessWarning, stacklevel=3)
+        say(msg) if say else warnings.warn(msg, InProcessHarnessWarning, stacklevel=5)
 
 
 def _knob_overrides(cfg: Config) -> None:
@@ -188,7 +210,7 @@ def _heldout_draws(cfg: Config, heldout: list[Task], say: Callable[[str], None] 
         msg = (f"warning: the gate draw holds {len(gate)} of the {len(heldout)} held-out tasks (the selection "
                f"draw the other {len(selection)}, evolution.selection_share {cfg.evolution.selection_share}); "
                f"the paired gate needs {need}, so no child can be promoted: raise domain.n_heldout")
-        say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=3)
+        say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=5)
 
 
 def _device(cfg: Config) -> None:
