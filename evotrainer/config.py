@@ -108,6 +108,9 @@ class TrainConfig(_Section):
     steps: int = Field(10, ge=0, le=10_000_000, description="optimisation steps")
     prompts_per_step: int = Field(4, ge=1, le=65_536, description="tasks per step; each gets num_generations rollouts")
     rollout_batch_size: int = Field(32, ge=1, le=65_536)
+    gradient_checkpointing: bool = Field(False, description=(
+        "recompute each decoder layer's activations in the backward pass instead of keeping them: a long "
+        "completion of a 1B+ model fits, for about a third more step time; every row then runs whole"))
     decoder: Literal["auto", "kv", "generate"] = Field(
         "auto", description="how engine: transformers samples: kv (the KV decoder: Llama-family models, plain LoRA; "
         "3-4x faster on a CPU), generate (transformers' generate: any model and adapter), auto (kv where it can run)")

@@ -131,3 +131,36 @@ def test_past_the_logits_budget_the_head_runs_in_chunks_with_the_same_logps_and_
                 assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
             logits_bytes = mask.numel() * vocab * 4
             assert kept - kept_c > logits_bytes // 2, (kept, kept_c, logits_bytes)
+
+
+def test_gradient_checkpointing_keeps_less_for_the_backward_pass_with_the_same_gradients(monkeypatch):
+    """train.gradient_checkpointing: each decoder layer's activations are recomputed in the backward
+    pass; the same log-probs and LoRA gradients, every row run whole (no KV cache to share). The head
+    runs chunked in both runs, so what is kept is the decoder's."""
+    import evotrainer.policy.logps as logps_module
+
+    monkeypatch.setattr(logps_module, "LOGITS_BUDGET", 5 * 49152)
+    out = {}
+    for checkpointing in (False, True):
+        model, tok = load_base_model("tiny-random", seed=0, initializer_range=0.2)
+        pol = Policy(model, tok, LoraSettings(r=4, lora_alpha=8), gradient_checkpointing=checkpointing)
+        pol.create("b0")
+        with torch.no_grad():
+            torch.manual_seed(1)
+            for p in pol.parameters("b0"):
+                p.add_(torch.randn_like(p) * 0.1)
+        rollouts = _rollouts(tok)
+        tr = GRPOTrainer(pol, "b0", GRPOConfig(temperature=0.7, num_generations=3))
+        batch = tr._batch(rollouts)
+        with pol.adapter("b0") as m:
+            m.train()   # checkpointing acts in training mode, as in GRPOTrainer.step
+            lp, kept = _saved_bytes(lambda: tr._logps(m, batch))
+            (lp * batch["completion_mask"]).sum().backward()
+            m.eval()
+        out[checkpointing] = (lp.detach(), [p.grad.clone() for p in tr.params], kept, tr.shared_prompts)
+    (lp, grads, kept, shared), (lp_c, grads_c, kept_c, shared_c) = out[False], out[True]
+    assert shared and not shared_c
+    assert float((lp - lp_c).abs().max()) < 1e-4
+    for a, b in zip(grads, grads_c):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-3)
+    assert kept_c < kept / 2, (kept, kept_c)

@@ -72,7 +72,8 @@ class Runtime:
             # (the tiny model takes the vLLM-sized attention heads when vLLM serves it: one model, both engines)
             model, tok = load_base_model(self.cfg.model, dtype=self.cfg.dtype, device=self.cfg.device,
                                          seed=self.cfg.seed, **tiny_overrides(self.cfg, self.engine_name))
-            policy = Policy(model, tok, LoraSettings(**self.cfg.lora.model_dump()))
+            policy = Policy(model, tok, LoraSettings(**self.cfg.lora.model_dump()),
+                            gradient_checkpointing=self.cfg.train.gradient_checkpointing)
             policy.create(SCRATCH)
         return policy
 

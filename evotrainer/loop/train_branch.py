@@ -66,7 +66,8 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         say(f"rollout engine: {engine_name} ({why})")
         model, tok = load_base_model(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed,
                                      **tiny_overrides(cfg, engine_name))
-        policy = Policy(model, tok, LoraSettings(**cfg.lora.model_dump()))
+        policy = Policy(model, tok, LoraSettings(**cfg.lora.model_dump()),
+                        gradient_checkpointing=cfg.train.gradient_checkpointing)
         branch = "v0"
         policy.create(branch)
         engine = build_engine(cfg, policy, engine_name)

@@ -113,7 +113,9 @@ class GRPOTrainer:
         # shared_prompts: each distinct prompt of a micro-batch runs once (policy/logps.py); False runs
         # every row whole, as TRL does (the same numbers up to float summation order, more FLOPs).
         self.policy, self.branch, self.cfg = policy, branch, cfg
-        self.shared_prompts = shared_prompts
+        # Under gradient checkpointing a training forward keeps no KV cache, which the shared prompt
+        # pass continues from: every row runs whole then.
+        self.shared_prompts = shared_prompts and not getattr(policy.base_model, "is_gradient_checkpointing", False)
         self.max_tokens = max_tokens or cfg.max_completion_length
         self.params = policy.parameters(branch)
         if not self.params:

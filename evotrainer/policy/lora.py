@@ -41,8 +41,11 @@ class AdapterNotAppliedError(RuntimeError):
 class Policy:
     """A base model with named LoRA adapters; ``adapter(name)`` selects one for a block of work."""
 
-    def __init__(self, model, tokenizer, lora: LoraSettings | None = None, packed: bool = True) -> None:
+    def __init__(self, model, tokenizer, lora: LoraSettings | None = None, packed: bool = True,
+                 gradient_checkpointing: bool = False) -> None:
         self.tokenizer = tokenizer
+        if gradient_checkpointing:   # non-reentrant: the frozen embeddings' outputs need no grad for it
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.lora = lora or LoraSettings()
         self.base_model = model
         if packed:   # the base weights never train: on a CPU, run them packed (policy/packed_linear.py)
