@@ -44,15 +44,18 @@ def seed_program(cfg: Config) -> HarnessProgram:
 
 def _scaled_choices(program: HarnessProgram, values: dict) -> HarnessProgram:
     """The built-in harnesses' choices are sized for the embedded 135M model (completions of 32-256
-    tokens on math). An override outside a numeric knob's choices (a 1.5B model's 1024-token chain of
-    thought) scales them by the same factor as the value, so the search keeps the same neighbourhood
-    around the user's setting; said in the log. A user's own harness file is taken as written."""
+    tokens on math). An override above a numeric knob's largest choice (a 1.5B model's 1024-token chain
+    of thought) scales them by the same factor as the value, so the search keeps the same neighbourhood
+    around the user's setting; said in the log. One below them, or in a user's own harness file, is
+    refused as written (a value the choices do not hold is more likely a typo than a smaller model)."""
     for name, value in values.items():
         spec = program.knobs[name]
         choices, default = spec.get("choices"), spec.get("value")
         numeric = isinstance(value, int | float) and not isinstance(value, bool)
-        if (not choices or value in choices or not numeric or value <= 0
+        if (not choices or value in choices or not numeric
                 or not all(isinstance(c, int | float) and not isinstance(c, bool) and c > 0 for c in [default, *choices])):
+            continue
+        if value <= max(choices):
             continue
         factor = value / default
         scaled = [round(c * factor) if isinstance(c, int) and isinstance(value, int) else c * factor for c in choices]
