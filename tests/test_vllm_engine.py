@@ -230,6 +230,41 @@ def test_swe_episodes_run_on_vllm_with_the_trainers_logprobs_on_assistant_tokens
     assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
 
 
+def test_the_applied_check_allows_the_engines_bf16_noise_and_still_refuses_what_is_not_the_trained_shift():
+    """Measured on the embedded 135M in bf16 on this CPU: the engines' base log-probs differ by up to
+    0.40 nats, a training step's shift is 0.35-0.45, and the honest adapter's shifts differ by 0.57-0.77
+    (every one was refused). The engines' base gap is the noise floor; float32's stays ~1e-5."""
+    from evotrainer.policy.vllm_engine import shift_mismatch
+
+    want = torch.tensor([0.35, -0.1, 0.2])
+    assert shift_mismatch(want + torch.tensor([0.77, 0.0, -0.3]), want, base_gap=0.40) is None
+    assert "bound" in shift_mismatch(want + torch.tensor([1.5, 0.0, 0.0]), want, base_gap=0.40)
+    # float32: a foreign adapter's shift is far outside a bound of ~0.1
+    assert shift_mismatch(torch.tensor([-0.3, 0.2, 0.0]), want, base_gap=1e-5) is not None
+    assert shift_mismatch(want + 1e-5, want, base_gap=1e-5) is None
+
+
+def test_bf16_adapters_are_served_and_foreign_ones_refused_without_a_warning_per_tensor(capfd):
+    model, tok = load_base_model("tiny-random", dtype=torch.bfloat16, seed=0, **TINY_VLLM_OVERRIDES)
+    policy = Policy(model, tok)
+    for name in ("ba", "bb"):
+        policy.create(name)
+    perturb(policy, "ba", 0.02, 1)
+    perturb(policy, "bb", 0.5, 2)
+    engine = VllmEngine(policy, model_dir("tiny-random", seed=0, **TINY_VLLM_OVERRIDES), max_loras=2, dtype="bfloat16")
+    try:
+        assert engine.generate(PROMPTS, SamplingParams(max_new_tokens=2), adapter="ba")
+        real_save = policy.save
+        policy.save = lambda name, d: real_save("bb", d)   # the files hold another branch's weights
+        with pytest.raises(AdapterNotAppliedError, match="differs from the trained"):
+            perturb(policy, "ba", 0.02, 3)
+            engine.generate(PROMPTS, SamplingParams(max_new_tokens=2), adapter="ba")
+    finally:
+        engine.close()
+    captured = capfd.readouterr()
+    assert "Attempted to load weight" not in captured.out + captured.err   # fp32 folder, bf16 engine: no flood
+
+
 def test_the_vllm_config_section_reaches_the_engine():
     """vllm.max_model_len, enforce_eager and enable_prefix_caching are set from the config (a 1.5B model's
     chain of thought needs more than the 2048 tokens a CPU default serves); None picks the platform's."""

@@ -84,6 +84,37 @@ def lora_rank_bound(r: int) -> int:
     raise ValueError(f"lora.r = {r} exceeds vLLM's largest LoRA rank {LORA_RANKS[-1]}; use a smaller lora.r")
 
 
+class _NarrowingFilter(logging.Filter):
+    """Counts and drops vLLM's per-tensor 'Attempted to load weight' lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Attempted to load weight"):
+            self.count += 1
+            return False
+        return True
+
+
+def shift_mismatch(shift: torch.Tensor, want: torch.Tensor, base_gap: float) -> str | None:
+    """Why vLLM's log-prob shift from the base (``shift``, per probe token) is not the trained one
+    (``want``, the trainer's), or None. ``base_gap``: the two engines' largest disagreement on the
+    base model itself, their numerical noise floor. A shift is two runs of each engine, and in
+    bfloat16 their rounding does not cancel between the adapter run and the base run: on the 135M
+    model the engines' base log-probs differ by up to 0.40 nats, more than one training step moves
+    them, so a bound without the floor refused every honest bf16 adapter. With it, float32 keeps a
+    ~1e-5 bound; bf16 still catches weights that are not applied (a shift of 0: vLLM's own runs are
+    deterministic) and foreign ones whose effect is larger than the noise."""
+    err = (shift - want).abs().max().item()
+    bound = 0.25 * want.abs().max().item() + 2 * base_gap + 5e-4
+    if err <= bound:
+        return None
+    return (f"max |Δ shift| = {err:.2e} over a bound of {bound:.2e}: trained shift {want.abs().max().item():.2e}, "
+            f"the engines' base gap {base_gap:.2e}")
+
+
 class VllmEngine:
     """Batched sampling with vLLM multi-LoRA for the branches of one transformers ``Policy``.
 
@@ -124,16 +155,28 @@ class VllmEngine:
             # rollouts use, so a second engine (a test, a benchmark) still fits beside the first.
             kv["kv_cache_memory_bytes"] = kv_cache_bytes(config, max_model_len, dtype)
         t0 = time.perf_counter()
-        self.llm = LLM(
-            model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed,
-            enable_lora=True, max_loras=max_loras, max_cpu_loras=max_cpu_loras or 2 * max_loras,
-            max_lora_rank=lora_rank_bound(policy.lora.r), gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len, logprobs_mode="processed_logprobs", generation_config="vllm",
-            enforce_eager=enforce_eager, disable_log_stats=True,
-            # An episode's next turn sends the whole trajectory again: with prefix caching its KV blocks
-            # (keyed per LoRA id, so never shared across adapters) are found, not prefilled again.
-            enable_prefix_caching=enable_prefix_caching, **kv,
-        )
+        # A float32 folder (the embedded model's) served in bfloat16 makes vLLM warn once per tensor that
+        # it narrows; that is the dtype asked for: one line here instead of a console flood.
+        # (A filter, not a level: vLLM reconfigures its loggers while it starts, which resets levels.)
+        loader_log = logging.getLogger("vllm.model_executor.models.utils")
+        narrowed = _NarrowingFilter()
+        loader_log.addFilter(narrowed)
+        try:
+            self.llm = LLM(
+                model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed,
+                enable_lora=True, max_loras=max_loras, max_cpu_loras=max_cpu_loras or 2 * max_loras,
+                max_lora_rank=lora_rank_bound(policy.lora.r), gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len, logprobs_mode="processed_logprobs", generation_config="vllm",
+                enforce_eager=enforce_eager, disable_log_stats=True,
+                # An episode's next turn sends the whole trajectory again: with prefix caching its KV
+                # blocks (keyed per LoRA id, never shared across adapters) are found, not prefilled again.
+                enable_prefix_caching=enable_prefix_caching, **kv,
+            )
+        finally:
+            loader_log.removeFilter(narrowed)
+        if narrowed.count:
+            log.warning("vLLM rounded %d of %s's stored tensors to %s (the folder holds wider weights)",
+                        narrowed.count, model_dir, dtype)
         log.info("vLLM engine on %s ready in %.1f s (max_loras=%d)", model_dir, time.perf_counter() - t0, max_loras)
         tok = policy.tokenizer
         self.eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set(tok.eos_token_id or [])
@@ -285,14 +328,12 @@ class VllmEngine:
             raise AdapterNotAppliedError(
                 f"branch {served.branch!r} (adapter {served.name}) has non-zero LoRA weights but vLLM's log-probs "
                 f"equal the base model's (max |Δ| = {shift.abs().max().item():.2e}): the adapter is not applied")
-        # The served shift from the base must be the trained one. Differences of two engines' base
-        # numerics cancel in shifts; the slack covers what is left (float32: ~1e-5, bfloat16: more).
         want = self.policy.probe_logprobs(served.branch).squeeze(0).cpu() - self._policy_base_probe
-        err = (shift - want).abs().max().item()
-        if err > 0.25 * want.abs().max().item() + 5e-4:
-            raise AdapterNotAppliedError(
-                f"branch {served.branch!r}: vLLM serves adapter {served.name} whose effect differs from the trained "
-                f"weights' (max |Δ shift| = {err:.2e}, trained shift {want.abs().max().item():.2e}): stale or foreign weights")
+        gap = (self._base_probe - self._policy_base_probe).abs().max().item()
+        mismatch = shift_mismatch(shift, want, gap)
+        if mismatch:
+            raise AdapterNotAppliedError(f"branch {served.branch!r}: vLLM serves adapter {served.name} whose effect "
+                                         f"differs from the trained weights' ({mismatch}): stale or foreign weights")
 
     def close(self) -> None:
         self.registry.close()
