@@ -63,3 +63,21 @@ def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks
     assert "greedy     points the way of the other tasks' greedy difference in 3 of 3 pairs" in text
     assert "answer LL  points the way of the other tasks' greedy difference in 0 of 3 pairs" in text
     assert "greedy gate MDE" in text and "128 tasks" in text
+
+
+def test_gpu_loop_runs_two_generations_on_both_engines_on_the_cpu(tmp_path):
+    """The device script (benchmarks/gpu_loop.py) on the tiny architecture: every step learns (the random
+    model answers nothing right), trained adapters reach vLLM's applied check and pass it."""
+    import importlib.util
+
+    engines = "vllm,transformers" if importlib.util.find_spec("vllm") else "transformers"
+    out = _run([str(ROOT / "benchmarks" / "gpu_loop.py"), "--arch", "tiny", "--device", "cpu", "--dtype", "float32",
+                "--engines", engines, "--prompts", "2", "--tokens", "32", "--out", "runs", "--json", "loop.json"],
+               tmp_path)
+    data = json.loads((tmp_path / "loop.json").read_text())
+    assert [r["engine"] for r in data["rows"]] == engines.split(",")
+    for r in data["rows"]:
+        assert r["status"] == "finished" and r["train_steps"] > 0 and r["seconds"]["train"] > 0
+        assert r["tokens_per_s"] > 0 and r["peak_gib"] > 0 and not r["adapter_refusals"]
+        assert all(s in ("kept", "promoted", "pruned") for s in r["versions"].values()), r["versions"]
+    assert "rollout tok/s" in out
