@@ -15,19 +15,18 @@ if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
 
 
-def leaderboard(exp: Experiment) -> Table:
-    table = Table(title=f"leaderboard — {exp.run_dir}")
-    # held-out = the gate draw (what promotions compared), selection = the selection draw (what ranked)
-    for col in ("version", "gen", "operator", "factor", "held-out", "selection", "train reward", "hypothesis",
-                "status"):
-        table.add_column(col, overflow="fold")   # a narrow terminal wraps a factor, never cuts it
-    metas = [exp.vdir(v).meta() for v in exp.versions()]
-    metas.sort(key=lambda m: -(m.metrics.get("heldout_accuracy") or -1))
-    for m in metas:
-        acc = m.metrics.get("heldout_accuracy")
+def leaderboard(title: str, metas: list) -> Table:
+    """Every version of a run, best gate-draw score first. Fits an 80-column terminal: short headers,
+    no borders between columns, and only the factor (the one long cell) folds; a word never splits."""
+    table = Table(title=title, box=None, padding=(0, 1), pad_edge=False, header_style="bold underline")
+    # id = the version; gate = the gate draw (what promotions compared), sel = the selection draw (what
+    # ranked); train = the mean training reward
+    for col in ("id", "gen", "operator", "factor", "gate", "sel", "train", "hypothesis", "status"):
+        table.add_column(col, overflow="fold", min_width=12) if col == "factor" else table.add_column(col, no_wrap=True)
+    for m in sorted(metas, key=lambda m: -(m.metrics.get("heldout_accuracy") or -1)):
         style = "red" if m.status == "invalid" else "green" if m.status == "promoted" else None
         table.add_row(m.id, str(m.generation), m.operator or "-", m.factor or "-",
-                      f"{acc:.3f}" if acc is not None else "-", _fmt(m.metrics.get("selection_accuracy")),
+                      _fmt(m.metrics.get("heldout_accuracy")), _fmt(m.metrics.get("selection_accuracy")),
                       f"{m.metrics.get('train_reward_mean', float('nan')):.3f}",
                       (m.hypothesis or {}).get("verdict", "-"), m.status, style=style)
     return table
@@ -61,7 +60,7 @@ def final_line(final: dict | None) -> str | None:
 
 def print_summary(exp: Experiment, console: Console | None = None) -> None:
     console = console or Console()
-    console.print(leaderboard(exp))
+    console.print(leaderboard(f"leaderboard — {exp.run_dir}", [exp.vdir(v).meta() for v in exp.versions()]))
     if (line := final_line(exp.state.final)) is not None:
         console.print(line)
     invalid = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().status == "invalid"]
