@@ -8,7 +8,7 @@ import re
 from rich.console import Console
 from test_lineage import build_run
 
-from evotrainer.cli import inspect as run_commands
+from evotrainer.cli import run_views as run_commands
 from evotrainer.tracking.plots import fitness_plot, genealogy_plot, layout, load_versions
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

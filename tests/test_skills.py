@@ -144,7 +144,7 @@ def test_skills_command(tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    from evotrainer.cli import inspect as run_commands
+    from evotrainer.cli import run_views as run_commands
 
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
     SkillLibrary(tmp_path / "run" / "skills.json").record_confirmed(
