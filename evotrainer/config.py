@@ -156,6 +156,22 @@ MODE_OPERATORS: dict[str, dict[str, float]] = {"recipe-search": {"knobs": 1.0},
 GATE_LEVEL = 0.9
 
 
+class ValidityConfig(_Section):
+    """The engine's validity thresholds (fitness/validity.py): when a branch is marked invalid."""
+
+    divergence: float = Field(0.3, gt=0, le=1, description=(
+        "train correctness (or a [0, 1] reward) minus held-out accuracy over the last steps that marks a branch "
+        "invalid (it learned the train tasks, not the skill)"))
+    hack_rise: float = Field(0.1, gt=0, le=1, description=(
+        "a shaped reward rise (share of its range) that, with correctness falling by hack_drop, is reward hacking"))
+    hack_drop: float = Field(0.05, ge=0, le=1, description="the correctness fall that goes with hack_rise")
+    leak_margin: float = Field(0.25, gt=0, le=1, description=(
+        "leaked-prompt answer-copy rate minus the clean prompts' that marks a leak (with leak_p)"))
+    leak_p: float = Field(0.05, gt=0, lt=1, description="one-sided Fisher p-value a leak must reach")
+    prompt_leak_share: float = Field(0.5, gt=0, le=1, description=(
+        "share of prompts that carry their own task's answer that marks a prompt hook as leaking it"))
+
+
 class EvolutionConfig(_Section):
     mode: Literal["evolve", "reference", "recipe-search", "random-library"] = Field(
         "evolve", description="evolve: all operators; reference: fixed reference harness; recipe-search: knobs only; "
@@ -172,6 +188,7 @@ class EvolutionConfig(_Section):
     elitism: int = Field(1, ge=0, description="best valid branches always kept")
     gate_level: float = Field(GATE_LEVEL, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
     min_delta: float = Field(0.0, description="a child is promoted when the CI lower bound exceeds this")
+    validity: ValidityConfig = Field(default_factory=ValidityConfig)
     selection_share: float = Field(0.5, gt=0, lt=1, description="share of the held-out tasks in the selection draw "
                                    "(survivors, parents, the final pick, the revert's choice); the rest is the gate "
                                    "draw (promotions, the revert's test)")

@@ -208,3 +208,20 @@ def test_the_gate_command_judges_a_loops_version_at_the_runs_level(tmp_path, cap
     assert judged(child, "--level", "0.8", "--min-delta", "0")["level"] == 0.8
     outside = write_version(tmp_path / "alone", train(), heldout(range(6)))
     assert judged(outside)["level"] == GATE_LEVEL == GateConfig().level == EvolutionConfig().gate_level
+
+
+def test_validity_thresholds_come_from_the_config_and_default_to_the_gates(tmp_path, parent):
+    """evolution.validity sets the engine's thresholds (they could not be set at all); its defaults are
+    GateConfig's, so a run that sets nothing gates as before."""
+    from evotrainer.config import ValidityConfig, parse_config
+    from evotrainer.fitness.gate_config import gate_config
+
+    assert all(getattr(GateConfig(), k) == v for k, v in ValidityConfig().model_dump().items())
+    rs = train()
+    for r in rs:   # train correctness 1.0 against held-out 0.25: a divergence of 0.75
+        r.visible["correct"], r.reward = True, 1.0
+    child = write_version(tmp_path / "child", rs, heldout(range(0, N, 4)))
+    strict = gate(child, parent, gate_config(parse_config({})))
+    lenient = gate(child, parent, gate_config(parse_config({"evolution": {"validity": {"divergence": 0.8}}})))
+    assert "train_heldout_divergence" in {c.name for c in strict.checks if not c.passed}
+    assert "train_heldout_divergence" not in {c.name for c in lenient.checks if not c.passed}

@@ -17,6 +17,7 @@ loop's ``RUN_DIR/versions/VID``), when that file exists. ``report``, ``backtest`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -106,13 +107,15 @@ def _note_unknown_metric(metric: str, result, version_dir: Path) -> None:
 
 def _run_gate_settings(version_dir: str) -> dict:
     """The gate settings of the loop run that wrote ``version_dir`` (``RUN_DIR/versions/VID``), read from
-    ``RUN_DIR/config.json``: level, min_delta and seed as the loop gated with. Empty outside a run."""
+    ``RUN_DIR/config.json``: level, min_delta, seed and validity thresholds as the loop gated with.
+    Empty outside a run."""
     here = Path(version_dir).resolve().parent
     path = here.parent / "config.json"
     if here.name != "versions" or not path.is_file():
         return {}
-    cfg = parse_config(json.loads(path.read_text()), str(path))
-    return {"level": cfg.evolution.gate_level, "min_delta": cfg.evolution.min_delta, "seed": cfg.seed}
+    from evotrainer.fitness.gate_config import gate_config
+
+    return dataclasses.asdict(gate_config(parse_config(json.loads(path.read_text()), str(path))))
 
 
 def cmd_gate(args: argparse.Namespace) -> int:

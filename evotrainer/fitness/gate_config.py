@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evotrainer.config import GATE_LEVEL
+from evotrainer.config import GATE_LEVEL, Config
 
 
 @dataclass
@@ -25,3 +25,10 @@ class GateConfig:
     n_resamples: int = 10_000
     seed: int = 0
     window: int = 3                      # last training steps the divergence checks look at
+
+
+def gate_config(cfg: Config) -> GateConfig:
+    """The gate a run's config describes: its level, margin and seed, and its validity thresholds
+    (``evolution.validity``). The one place a loop, a revert, the start and ``evotrainer gate`` get it."""
+    ev = cfg.evolution
+    return GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=cfg.seed, **ev.validity.model_dump())

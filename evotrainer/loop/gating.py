@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from evotrainer.fitness.gates import GateConfig, gate
+from evotrainer.fitness.gate_config import gate_config
+from evotrainer.fitness.gates import gate
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.hypothesis import judge_effect
 from evotrainer.loop.crash import crash_point
@@ -41,8 +42,7 @@ def gate_version(exp: Experiment, vid: str) -> None:
         if meta.operator is not None and "hypothesis" in (meta.decision or {}):   # gated, then a crash
             finish_gate(exp, vd, meta, control_of(exp, meta))
         return
-    ev = exp.cfg.evolution
-    gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
+    gcfg = gate_config(exp.cfg)
     is_child = meta.operator is not None
     control = control_of(exp, meta) if is_child else None
     health = vd.path / "health.json"   # written by verification: the gate judges that same report
@@ -56,7 +56,7 @@ def gate_version(exp: Experiment, vid: str) -> None:
     if not decision.valid:
         meta.status = "invalid"
     elif is_child:
-        meta.status = "promoted" if decision.promote else child_outcome(decision.paired, ev.keep_ties)
+        meta.status = "promoted" if decision.promote else child_outcome(decision.paired, exp.cfg.evolution.keep_ties)
     else:
         meta.status = "kept"
     if is_child:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from evotrainer.fitness.gates import GateConfig, paired_promotion
+from evotrainer.fitness.gate_config import GateConfig, gate_config
+from evotrainer.fitness.gates import paired_promotion
 from evotrainer.fitness.paired_stats import PairingError, PromotionDecision
 from evotrainer.loop.versions import SETTLED
 from evotrainer.records.rollout import Rollout
@@ -69,8 +70,7 @@ def revert_target(exp: Experiment, vid: str):
         if anc.status in SETTLED and score is not None:
             ancestors.append(Side(pid, score))
         pid = anc.parents[0] if anc.parents else None
-    ev = exp.cfg.evolution
-    gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
+    gcfg = gate_config(exp.cfg)
     return choose_revert(Side(vid, current), ancestors, lambda v: exp.vdir(v).rollouts("heldout"), gcfg, exp.say)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from evotrainer.fitness.gates import GateConfig
+from evotrainer.fitness.gate_config import gate_config
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.sandbox import SandboxError
@@ -84,8 +84,7 @@ def regressed_below_start(exp: Experiment, survivors: list[str]) -> str | None:
     if not scored_start(exp) or not scored:
         return None
     score, best = max(scored)
-    ev = exp.cfg.evolution
-    gcfg = GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=exp.cfg.seed)
+    gcfg = gate_config(exp.cfg)
     rollouts = {START: start_dir(exp).rollouts("heldout")}
     found = choose_revert(Side(best, score), [Side(START, start["selection_accuracy"])],
                           lambda v: rollouts[v] if v == START else exp.vdir(v).rollouts("heldout"), gcfg, exp.say)
