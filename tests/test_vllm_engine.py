@@ -172,7 +172,7 @@ def test_collect_many_samples_every_branchs_training_groups_in_one_call(setup, m
     uses): one generate_many call, each branch's groups in its tasks' order with its own sampling
     settings, verified as visible outcomes, and sampled from its own adapter."""
     from evotrainer.domains import get_domain
-    from evotrainer.policy.collect import collect_many, default_prompt
+    from evotrainer.policy.collect import CollectJob, collect_many, default_prompt
 
     policy, engine = setup
     domain = get_domain("math", n_train=4, n_heldout=2, n_test=2, difficulty=2, seed=0)
@@ -182,8 +182,8 @@ def test_collect_many_samples_every_branchs_training_groups_in_one_call(setup, m
     monkeypatch.setattr(engine, "generate_many", lambda jobs: calls.append(len(jobs)) or real(jobs))
     hot = SamplingParams(temperature=1.0, max_new_tokens=6, seed=5)
     cool = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=4, seed=5)
-    out = collect_many(engine, domain, [(tasks, 2, hot, "va", default_prompt, 3),
-                                        (tasks, 3, cool, "vb", default_prompt, 3)])
+    out = collect_many(engine, domain, [CollectJob(tasks, 2, hot, "va", default_prompt, 3),
+                                        CollectJob(tasks, 3, cool, "vb", default_prompt, 3)])
     assert calls == [2]
     for (adapter, params, g), rollouts in zip((("va", hot, 2), ("vb", cool, 3)), out):
         assert [r.task_id for r in rollouts] == [t.id for t in tasks for _ in range(g)]

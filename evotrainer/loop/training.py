@@ -130,7 +130,7 @@ class BranchTraining:
             asked = {t.id: ask(t) for t in tasks}
             ask = lambda t: asked[t.id]   # noqa: E731
         params = step_params(self.trainer.cfg, cfg.seed, step)
-        return tasks, self.trainer.cfg.num_generations, params, self.vid, ask, step
+        return CollectJob(tasks, self.trainer.cfg.num_generations, params, self.vid, ask, step)
 
     def learn(self, i: int, tasks: list, sampled: tuple[list, float]) -> None:
         """Step i's GRPO update on its rollouts (sampled for :meth:`job`) and their generation seconds."""
@@ -214,7 +214,7 @@ def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
             share = (time.perf_counter() - t0) / len(jobs)   # each version's part of a shared call
             for (vid, job), rollouts in zip(jobs.items(), sampled):
                 try:
-                    sessions[vid].learn(i, job[0], sampled=(rollouts, share))
+                    sessions[vid].learn(i, job.tasks, sampled=(rollouts, share))
                 except HARNESS_FAILURES as e:
                     sessions.pop(vid).reject(e)
             exp.progress.step()

@@ -8,7 +8,7 @@ the same two calls, graded on the patch each episode submitted.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from evotrainer.domains.base import Domain
 from evotrainer.domains.task import Task
@@ -95,8 +95,16 @@ def verify(engine: RolloutEngine, domain: Domain, tasks: Sequence[Task], adapter
 
 
 VerifyJob = tuple[Sequence[Task], "str | None", PromptFn]   # (tasks, adapter, how they are asked)
-# (tasks, group size, sampling, adapter, how they are asked, step): one branch's training rollouts
-CollectJob = tuple[Sequence[Task], int, SamplingParams, "str | None", PromptFn, int]
+
+
+class CollectJob(NamedTuple):
+    """One branch's request for one step's training rollouts (:func:`collect_many`)."""
+    tasks: Sequence[Task]
+    group_size: int           # completions per task
+    params: SamplingParams
+    adapter: str | None       # the branch's adapter (None: the base model)
+    prompt: PromptFn          # how the branch's harness asks each task
+    step: int
 
 
 def shares_batches(engine: RolloutEngine, domain: Domain, versions: int) -> bool:
@@ -110,18 +118,18 @@ def collect_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[CollectJo
     the engine serves several adapters at once (vLLM); otherwise one branch after another. Each job
     keeps its own sampling settings and seed."""
     if not shares_batches(engine, domain, len(jobs)):
-        return [collect_groups(engine, domain, tasks, g, params, adapter, step=step, prompt=prompt)
-                for tasks, g, params, adapter, prompt, step in jobs]
-    expanded = [[t for t in tasks for _ in range(g)] for tasks, g, *_ in jobs]
+        return [collect_groups(engine, domain, j.tasks, j.group_size, j.params, j.adapter, step=j.step,
+                               prompt=j.prompt)
+                for j in jobs]
+    expanded = [[t for t in j.tasks for _ in range(j.group_size)] for j in jobs]
     asked = []
-    for (tasks, g, _, _, prompt, _), exp in zip(jobs, expanded):
-        once = {id(t): prompt(t) for t in tasks}
+    for j, exp in zip(jobs, expanded):
+        once = {id(t): j.prompt(t) for t in j.tasks}
         asked.append([once[id(t)] for t in exp])
-    done = engine.generate_many([(prompts, params, adapter)
-                                 for prompts, (_, _, params, adapter, _, _) in zip(asked, jobs)])
+    done = engine.generate_many([(prompts, j.params, j.adapter) for prompts, j in zip(asked, jobs)])
     out = []
-    for (_, g, params, _, _, step), tasks, prompts, completions in zip(jobs, expanded, asked, done):
-        rollouts = _rollouts(tasks, prompts, completions, g, params, step)
+    for j, tasks, prompts, completions in zip(jobs, expanded, asked, done):
+        rollouts = _rollouts(tasks, prompts, completions, j.group_size, j.params, j.step)
         _file_verdicts(rollouts, domain.verify_batch(tasks, [c.text for c in completions]))
         out.append(rollouts)
     return out
