@@ -1,13 +1,18 @@
-"""Harness genomes: programs, the contract check, EVOLVE-block edits, the sandbox, the reference harness.
+"""Harness genomes: programs, the contract check, EVOLVE-block edits, the sandbox, the reference harnesses.
 
-    program.py            HarnessProgram (source, hash, knobs, hooks, evolve_blocks), reference_program()
-    contract.py           check_contract: the static first filter
-    edits.py              search/replace, hook rewrite, crossover, the single-factor rule
-    sandbox.py            Sandbox: runs hooks in a locked-down worker process (sandbox_worker.py)
-    results.py            validation of hook results
-    harness.py            Harness: the engine-side facade
-    reference_harness.py  the reference harness itself (a harness file, not imported)
-    commands.py           the `genome` CLI command
+    program.py                  HarnessProgram (source, hash, knobs, hooks, evolve_blocks), reference_program()
+    contract.py                 check_contract: the static first filter
+    edits.py                    search/replace, hook rewrite, crossover, the single-factor rule
+    errors.py                   GenomeError and its kinds (contract, edit, single-factor)
+    sandbox.py                  Sandbox: runs hooks in a locked-down worker process
+    sandbox_worker.py           the worker process itself (standard library only, run by Sandbox)
+    results.py                  validation of hook results
+    harness.py                  Harness: the engine-side facade
+    reference_harness.py        the math reference harness (a harness file, not imported)
+    reference_code_harness.py   the code domain's reference harness (a harness file)
+    reference_swe_harness.py    the SWE domain's reference harness (a harness file)
+
+The `genome` command is ``cli/genome.py``.
 """
 
 from .contract import DEFAULT_ALLOWED_IMPORTS, check_contract
