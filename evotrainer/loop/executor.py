@@ -43,7 +43,7 @@ class LocalExecutor:
             self._train_together(exp, pending)
         for vid in vids:   # the rest one at a time: already done, or left when the batch started
             if exp.vdir(vid).meta().status == "pending":
-                if not exp.budget_left(vid):
+                if exp.prune_if_budget_spent(vid):
                     continue
                 exp.say(f"gen {g}: training {vid}")
                 train_version(exp, vid)
@@ -57,7 +57,7 @@ class LocalExecutor:
         for vid in pending:
             if together and exp.budgets.steps_reached_with(len(together) * k):
                 break
-            if not exp.budget_left(vid):
+            if exp.prune_if_budget_spent(vid):
                 return
             together.append(vid)
         if len(together) < 2:

@@ -129,7 +129,7 @@ class Experiment:
             s.status, s.stop_reason = "stopped", str(e)
             for vid in s.live:  # proposed but never trained: keep the record, mark why
                 if self.vdir(vid).meta().status in ("pending", "awaiting_approval"):
-                    self.budget_left(vid)
+                    self.prune_if_budget_spent(vid)
             self.say(f"stopping cleanly: {e}")
         finally:
             self.close_executor()   # the loop's training is over (or paused): workers and their models go
@@ -225,12 +225,13 @@ class Experiment:
                      "children, its lineage trains until the step budget is spent")
         return best
 
-    def budget_left(self, vid: str) -> bool:
-        """False (and the version pruned, reason recorded) once a budget is spent: the generation then
-        verifies, gates and records what it trained, and the run stops at its end."""
+    def prune_if_budget_spent(self, vid: str) -> bool:
+        """True, with the untrained version pruned and its reason recorded, once a budget is spent (the
+        generation then verifies, gates and records what it trained, and the run stops at its end);
+        False, touching nothing, while ``vid`` may still train."""
         try:
             self.budgets.guard()
-            return True
+            return False
         except BudgetReached as e:
             self.state.stop_reason = str(e)
             vd = self.vdir(vid)
@@ -239,7 +240,7 @@ class Experiment:
             vd.save_meta(meta)
             self.record(vid)
             self.say(f"{vid} not trained: {e}")
-            return False
+            return True
 
     def continue_survivors(self, generation: int) -> None:
         """Each survivor goes on under its own harness: the control its children are paired against."""

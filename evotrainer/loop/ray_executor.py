@@ -117,7 +117,7 @@ class RayExecutor:
                 if pending and in_flight and exp.budgets.steps_reached_with(len(in_flight) * k):
                     break   # decide this one on what the versions in flight spend, as the local executor would
                 queue.pop(0)
-                if pending and not exp.budget_left(vid):
+                if pending and exp.prune_if_budget_spent(vid):
                     exp.progress.advance()
                     continue
                 exp.say(f"gen {g}: {'training and verifying' if pending else 'verifying'} {vid} on a Ray worker")
