@@ -4,8 +4,9 @@ An entry is one intervention from the RL-for-LLMs literature or a standard recip
 sampling, RLOO, a lower sampling temperature, ...): *when* it applies (a trigger over health-report
 metrics, the same ``{"metric", "op", "value"}`` conditions as skills), *what* it changes (one knob or
 one hook), *how* (a parameterised edit: a hook template with ``$param`` placeholders, or a move of a
-knob's value), the hypothesis it tests, the effect it expects, and where it comes from. The entries
-themselves live in ``library_entries.py``.
+knob's value), the hypothesis it tests, the effect it expects, and where it comes from. What an entry
+is lives in ``library_entry.py`` (re-exported here), the entries themselves in ``library_entries.py``
+and ``swe_entries.py``.
 
 The ``library`` operator needs no LLM: it draws, by weight, an entry whose trigger fires on the
 parent's health report, draws its parameters among the allowed values, and hands the child to
@@ -14,174 +15,33 @@ parent's health report, draws its parameters among the allowed values, and hands
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import math
-import operator
 import random
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from evotrainer.genome.edits import rewrite_hook
 from evotrainer.genome.errors import GenomeError
-from evotrainer.genome.program import HOOK_PARAMS, HarnessProgram
+from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
-from evotrainer.operators.intervention import ExpectedEffect, Intervention
+from evotrainer.operators.intervention import Intervention
+from evotrainer.operators.library_entries import ENTRIES
+from evotrainer.operators.library_entry import (  # noqa: F401  (re-exported: the library's public names)
+    TRIGGER_OPS,
+    KnobMove,
+    LibraryEntry,
+    Param,
+    holds,
+    knob_values,
+    same_value,
+)
+from evotrainer.operators.swe_entries import SWE_ENTRIES
 from evotrainer.records.numeric import finite_or_none
 
 log = logging.getLogger(__name__)
-
-# The comparison operators of a trigger condition: the same set as ``loop/skills.py`` triggers, so a
-# library entry exported as a seed skill fires on exactly the reports it fires on here.
-TRIGGER_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
-               "!=": operator.ne}
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of a hook template: the values it may take (JSON scalars)."""
-    name: str
-    choices: tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class KnobMove:
-    """How a knob entry moves a knob: multiply a range knob's value by one of ``factors`` (clipped to
-    its range), or, for a choices knob, step ``direction`` ("up"/"down") to any larger/smaller choice;
-    ``to`` sets a choices knob to one value (e.g. ``True``)."""
-    knob: str
-    factors: tuple[float, ...] = ()
-    direction: str = "up"
-    to: Any = None
-
-
-@dataclass(frozen=True)
-class LibraryEntry:
-    id: str
-    summary: str                          # one line: what the change does (prompts, reports)
-    factor: str                           # "knob:NAME" or "hook:NAME"
-    trigger: tuple[dict[str, Any], ...]   # all must hold on the parent's report metrics
-    hypothesis: str                       # str.format template: params, plus {old}/{new} for knobs
-    expected_effect: ExpectedEffect
-    source: str                           # paper or recipe
-    template: str = ""                    # hook entries: the complete new ``def``, ``$param`` placeholders
-    params: tuple[Param, ...] = ()        # hook entries: the template's parameters
-    move: KnobMove | None = None          # knob entries
-    needs_knobs: tuple[str, ...] = ()     # knobs the template reads from KNOBS
-    requires_hook: str | None = None      # a hook the parent must already define (e.g. select_tasks)
-    weight: float = 1.0
-    # Reads one completion (its length against max_completion_length, its truncation or answer
-    # format): meaningless on multi-turn episodes, whose completion spans turns and tool results.
-    single_turn: bool = False
-    # Reads an episode's turns and tool calls: meaningless on single-turn rollouts.
-    episodes_only: bool = False
-
-    @property
-    def kind(self) -> str:
-        return self.factor.partition(":")[0]
-
-    @property
-    def target(self) -> str:
-        return self.factor.partition(":")[2]
-
-    def fires(self, metrics: dict[str, Any]) -> bool:
-        return bool(self.trigger) and all(holds(c, metrics) for c in self.trigger)
-
-    # ---- what the entry can do on a parent -----------------------------------------------
-    def unavailable(self, parent: HarnessProgram) -> str | None:
-        """Why this entry cannot edit ``parent`` (None when it can)."""
-        if self.requires_hook and (self.requires_hook not in HOOK_PARAMS or self.requires_hook not in parent.functions):
-            return f"needs hook {self.requires_hook}, which the parent does not define in an EVOLVE block"
-        missing = [k for k in self.needs_knobs + ((self.move.knob,) if self.move else ()) if k not in parent.knobs]
-        if missing:
-            return f"needs knob(s) {', '.join(missing)}, which the parent does not declare"
-        empty = [p for p, values in self.options(parent).items() if not values]
-        if empty:
-            return f"no allowed value of {', '.join(empty)} differs from the parent's"
-        return None
-
-    def options(self, parent: HarnessProgram) -> dict[str, list[Any]]:
-        """Each parameter's allowed values on ``parent``: a knob entry's one parameter ``value`` is
-        derived from the parent's current value and the knob's range or choices."""
-        if self.move is None:
-            return {p.name: list(p.choices) for p in self.params}
-        spec = parent.knobs.get(self.move.knob)
-        return {"value": knob_values(spec, self.move) if spec else []}
-
-    def combinations(self, parent: HarnessProgram) -> list[dict[str, Any]]:
-        opts = self.options(parent)
-        names = list(opts)
-        return [dict(zip(names, values)) for values in itertools.product(*(opts[n] for n in names))]
-
-    # ---- the edit --------------------------------------------------------------------------
-    def render(self, params: dict[str, Any]) -> str:
-        """A hook entry's new ``def`` with the parameters written in as Python literals."""
-        return string.Template(self.template).substitute({k: repr(v) for k, v in params.items()})
-
-    def apply(self, parent: HarnessProgram, params: dict[str, Any]) -> HarnessProgram:
-        """The child: ``parent`` with this entry's one edit. Raises OperatorError for parameters
-        outside the allowed values, and when the edit does not apply."""
-        allowed = self.options(parent)
-        if set(params) != set(allowed):
-            raise OperatorError(f"entry {self.id} takes parameters {sorted(allowed) or 'none'}, got {sorted(params)}",
-                                "parse")
-        for name, value in params.items():
-            if not any(same_value(value, v) for v in allowed[name]):
-                raise OperatorError(f"entry {self.id}: {name}={value!r} is not one of {allowed[name]}", "parse")
-        try:
-            if self.move is not None:
-                return parent.with_knobs(**{self.move.knob: params["value"]})
-            return rewrite_hook(parent, self.target, self.render(params))
-        except GenomeError as err:
-            raise OperatorError(f"entry {self.id} does not apply: {err}", "edit") from err
-
-    def hypothesis_text(self, parent: HarnessProgram, params: dict[str, Any]) -> str:
-        old = parent.knobs[self.move.knob]["value"] if self.move else None
-        return self.hypothesis.format(**params, old=old, new=params.get("value"))
-
-
-def holds(condition: dict[str, Any], metrics: dict[str, Any]) -> bool:
-    """A condition on a metric that is absent or not a number does not hold (as for skills)."""
-    x = finite_or_none(metrics.get(condition["metric"]))
-    return x is not None and TRIGGER_OPS[condition["op"]](x, float(condition["value"]))
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Equal, and of the same kind: ``True`` is not ``1``; ``4`` and ``4.0`` are the same number."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-    return a == b
-
-
-def knob_values(spec: dict[str, Any], move: KnobMove) -> list[Any]:
-    """The values a knob move may set: different from the current value and inside the knob's
-    range or choices."""
-    current = spec["value"]
-    if "choices" in spec:
-        choices = list(spec["choices"])
-        if move.to is not None:
-            return [c for c in choices if same_value(c, move.to) and not same_value(c, current)]
-        numeric = [c for c in choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        if move.direction == "up":
-            return sorted(c for c in numeric if c > current)
-        return sorted((c for c in numeric if c < current), reverse=True)
-    lo, hi = spec["range"]
-    integer = all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi, current))
-    out: list[Any] = []
-    for f in move.factors:
-        v = min(max(current * f, lo), hi)
-        v = int(round(v)) if integer else float(f"{v:.3g}")   # readable genomes; finer than any effect
-        if lo <= v <= hi and not same_value(v, current) and not any(same_value(v, o) for o in out):
-            out.append(v)
-    return out
-
 
 def report_metrics(report: dict[str, Any]) -> dict[str, float]:
     """What triggers read, as for skills: the report's numeric metrics plus ``alert:<name> = 1``
@@ -194,9 +54,6 @@ def report_metrics(report: dict[str, Any]) -> dict[str, float]:
 
 
 def default_entries() -> list[LibraryEntry]:
-    from evotrainer.operators.library_entries import ENTRIES   # data modules; imported here to avoid a cycle
-    from evotrainer.operators.swe_entries import SWE_ENTRIES
-
     return list(ENTRIES) + list(SWE_ENTRIES)
 
 

@@ -1,4 +1,4 @@
-"""The entries of the intervention library (``library.py`` defines what an entry is).
+"""The entries of the intervention library (``library_entry.py`` defines what an entry is).
 
 Hook templates are complete ``def``s that replace one EVOLVE block, with ``$name`` placeholders for
 parameters (``string.Template``: Python's braces stay literal). They are self-contained on purpose:
@@ -15,7 +15,7 @@ fitness, judged after training.
 from __future__ import annotations
 
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect
-from evotrainer.operators.library import KnobMove, LibraryEntry, Param
+from evotrainer.operators.library_entry import KnobMove, LibraryEntry, Param
 
 
 def when(metric: str, op: str, value: float) -> dict:

@@ -23,7 +23,7 @@ environment's own message), ``turn_log`` (each turn's ``text``), ``visible.corre
 from __future__ import annotations
 
 from evotrainer.operators.intervention import ExpectedEffect
-from evotrainer.operators.library import LibraryEntry, Param
+from evotrainer.operators.library_entry import LibraryEntry, Param
 
 FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
 FEWER_MALFORMED = ExpectedEffect("malformed_call_rate", "<", 0.5)
