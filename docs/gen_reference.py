@@ -21,7 +21,7 @@ CONFIG_MARKER = "<!-- generated: config reference -->"
 CLI_MARKER = "<!-- generated: cli reference -->"
 
 # What a field's pydantic description does not say (or, where it has none, its meaning). Appended to the
-# description. A key that is no longer a field fails the build: a stale note is an error, not a leftover.
+# description. A key that names no field fails the build: a stale note is an error, not a leftover.
 NOTES: dict[str, str] = {
     "model": "the embedded model needs no download",
     "dtype": "weights' dtype for training and sampling",

@@ -5,38 +5,17 @@ site with warnings as errors (so a broken link or a stale API name fails CI)."""
 import importlib.util
 import json
 import re
-import shlex
 import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.markdown_blocks import assert_commands_parse, python_quickstart
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
 QUICKSTART = (DOCS / "getting-started" / "quickstart.md").read_text()
-
-
-def python_quickstart(text: str) -> str:
-    """The Python quickstart block: the one that opens with `from evotrainer import` (not parenthesised)."""
-    return re.search(r"```python\n(from evotrainer import [^(\n]*\n.*?)```", text, re.S).group(1)
-
-
-def assert_commands_parse(text: str, where: str) -> list[list[str]]:
-    """Every `evotrainer ...` line of the ```bash blocks parses with the real parser; returns their argv."""
-    from evotrainer.cli.app import build_parser
-
-    parsed = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in (ln.strip() for ln in block.splitlines()):
-            if line.startswith("evotrainer "):
-                argv = shlex.split(line, comments=True)[1:]
-                try:
-                    build_parser().parse_args(argv)
-                except SystemExit:
-                    pytest.fail(f"{where}: `{line}` does not parse with evotrainer's CLI")
-                parsed.append(argv)
-    return parsed
 
 
 def _gen_reference():

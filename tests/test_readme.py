@@ -4,13 +4,12 @@ stays short enough to read (everything else lives in the docs site, docs/)."""
 
 import os
 import re
-import shlex
 from pathlib import Path
 
-import pytest
 import yaml
 
 from evotrainer.config import parse_config
+from tests.markdown_blocks import assert_commands_parse, python_quickstart
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT.joinpath("README.md").read_text()
@@ -28,34 +27,6 @@ def _merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
     return out
-
-
-def python_quickstart(text: str) -> str:
-    """The Python quickstart block: the one that opens with `from evotrainer import`."""
-    found = re.search(r"```python\n(from evotrainer import [^(\n]*\n.*?)```", text, re.S)
-    assert found, "no ```python block starting with `from evotrainer import` (not parenthesised)"
-    return found.group(1)
-
-
-def command_lines(text: str) -> list[str]:
-    """Every `evotrainer ...` line of the ```bash blocks of a Markdown text."""
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
-    return [line.strip() for block in blocks for line in block.splitlines() if line.strip().startswith("evotrainer ")]
-
-
-def assert_commands_parse(text: str, where: str) -> list[list[str]]:
-    """Each command line parses with the real parser (a renamed command or flag fails here)."""
-    from evotrainer.cli.app import build_parser
-
-    parsed = []
-    for line in command_lines(text):
-        argv = shlex.split(line, comments=True)[1:]
-        try:
-            build_parser().parse_args(argv)
-        except SystemExit:
-            pytest.fail(f"{where}: `{line}` does not parse with evotrainer's CLI")
-        parsed.append(argv)
-    return parsed
 
 
 def run_quickstart(code: str, tmp_path, monkeypatch, source: str) -> None:
