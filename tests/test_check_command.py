@@ -64,3 +64,18 @@ def test_every_refusal_is_listed_not_only_the_first(tmp_path, capsys):
 def test_a_config_a_run_accepts_is_said_to_pass(capsys):
     assert main(["check", str(ROOT / "examples" / "quickstart.yaml")]) == 0
     assert "nothing `evotrainer run` would refuse" in _out(capsys)
+
+
+def test_idle_gpus_under_the_local_executor_are_said(tmp_path, monkeypatch, capsys):
+    # This machine has no GPU: the device count is the only part faked, the check itself runs as a run would.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    cfg = {"model": "tiny-random", "device": "cuda", "engine": "transformers"}
+    (tmp_path / "gpu.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["check", "--train", str(tmp_path / "gpu.yaml")]) == 0
+    out = _out(capsys)
+    assert "8 CUDA devices are visible and executor: local uses one of them (cuda)" in out, out
+    assert "ray.num_gpus_per_branch: 1" in out
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)   # one GPU: nothing idles, nothing said
+    assert main(["check", "--train", str(tmp_path / "gpu.yaml")]) == 0
+    assert "CUDA devices are visible" not in _out(capsys)

@@ -69,7 +69,7 @@ def config_problems(cfg: Config, loop: bool, say: Callable[[str], None] | None =
         run(_operators, cfg)
         if heldout is not None:
             run(_heldout_draws, cfg, heldout, say)
-    run(_device, cfg)
+    run(_device, cfg, say)
     run(_model_and_lora, cfg)
     run(_engine, cfg, say)
     run(_executor, cfg)
@@ -213,7 +213,7 @@ def _heldout_draws(cfg: Config, heldout: list[Task], say: Callable[[str], None] 
         say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=5)
 
 
-def _device(cfg: Config) -> None:
+def _device(cfg: Config, say: Callable[[str], None] | None = None) -> None:
     import torch  # heavy: only commands that train pay for it, and they need it anyway
 
     try:
@@ -227,6 +227,11 @@ def _device(cfg: Config) -> None:
         if count == 0 or (device.index or 0) >= count:
             raise ConfigError(f"field 'device': {cfg.device!r} is not available here ({count} CUDA device(s)); "
                               "use cpu or an index below the device count")
+        if count > 1:   # the local executor trains and samples on one device: the others would sit idle
+            msg = (f"warning: {count} CUDA devices are visible and executor: local uses one of them ({cfg.device}); "
+                   "to use them all set executor: ray with ray.num_gpus_per_branch: 1 (one version per GPU; the "
+                   "population then no longer shares vLLM batches), or make one visible with CUDA_VISIBLE_DEVICES")
+            say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=4)
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"field 'device': {cfg.device!r} is not available on this machine; use cpu")
     elif device.type not in ("cpu", "cuda", "mps"):
