@@ -20,7 +20,6 @@ import contextlib
 import copy
 import hashlib
 import json
-import operator
 import os
 import time
 from collections.abc import Iterator
@@ -29,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.records.version import exclusive, write_atomic
+from evotrainer.operators.triggers import holds, report_metrics  # noqa: F401  (report_metrics re-exported)
 from evotrainer.records.numeric import finite_or_none as _finite
 
-OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
-       "!=": operator.ne}
 NEGATION = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 DECREASING = {"<", "<=", "delta<"}        # expected effects that push their metric down
 FORMAT = 1
@@ -45,12 +43,6 @@ class SkillLibraryError(ValueError):
 def user_library_path() -> Path:
     return Path(os.environ.get("EVOTRAINER_HOME") or "~/.evotrainer").expanduser() / "skills.json"
 
-
-
-def holds(condition: dict[str, Any], metrics: dict[str, Any]) -> bool:
-    """A condition on a metric that is absent or not a number does not hold."""
-    x = _finite(metrics.get(condition["metric"]))
-    return x is not None and OPS[condition["op"]](x, float(condition["value"]))
 
 
 def normalise_diff(diff: str) -> str:
@@ -88,14 +80,6 @@ def derive_trigger(expected: dict[str, Any] | None, metrics: dict[str, Any]) -> 
         return [{"metric": metric, "op": ">=" if op in DECREASING else "<=", "value": then}]
     return [{"metric": k, "op": "==", "value": 1.0} for k, v in sorted(metrics.items())
             if k.startswith("alert:") and _finite(v) == 1.0]
-
-
-def report_metrics(report: dict[str, Any]) -> dict[str, float]:
-    """A health report (``HealthReport.to_dict()``) flattened into what triggers read: its numeric
-    metrics plus ``alert:<name> = 1`` for every alert that fired."""
-    out = {k: x for k, v in (report.get("metrics") or {}).items() if (x := _finite(v)) is not None}
-    out.update({f"alert:{a['name']}": 1.0 for a in report.get("alerts") or [] if a.get("name")})
-    return out
 
 
 def _evidence(decision: dict[str, Any]) -> tuple[float | None, list[float] | None]:

@@ -30,28 +30,16 @@ from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import Intervention
 from evotrainer.operators.library_entries import ENTRIES
 from evotrainer.operators.library_entry import (  # noqa: F401  (re-exported: the library's public names)
-    TRIGGER_OPS,
     KnobMove,
     LibraryEntry,
     Param,
-    holds,
     knob_values,
     same_value,
 )
+from evotrainer.operators.triggers import TRIGGER_OPS, holds, report_metrics  # noqa: F401  (re-exported)
 from evotrainer.operators.swe_entries import SWE_ENTRIES
-from evotrainer.records.numeric import finite_or_none
 
 log = logging.getLogger(__name__)
-
-def report_metrics(report: dict[str, Any]) -> dict[str, float]:
-    """What triggers read, as for skills: the report's numeric metrics plus ``alert:<name> = 1``
-    for every alert that fired."""
-    out = {k: x for k, v in (report.get("metrics") or {}).items() if (x := finite_or_none(v)) is not None}
-    for a in report.get("alerts") or report.get("findings") or []:
-        if isinstance(a, dict) and a.get("name"):
-            out[f"alert:{a['name']}"] = 1.0
-    return out
-
 
 def default_entries() -> list[LibraryEntry]:
     return list(ENTRIES) + list(SWE_ENTRIES)

@@ -1,5 +1,6 @@
 """What an intervention-library entry is: ``LibraryEntry`` (its trigger, its one edit, its
-parameters) and the value rules it applies (``holds``, ``same_value``, ``knob_values``).
+parameters) and the value rules it applies (``same_value``, ``knob_values``; its trigger is read by
+``triggers.holds``).
 
 A module of its own so that the data modules (``library_entries.py``, ``swe_entries.py``) and the
 ``library`` operator (``library.py``, which re-exports these names) import it without importing each
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 import string
 from dataclasses import dataclass
 from typing import Any
@@ -20,12 +20,7 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HOOK_PARAMS, HarnessProgram
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.intervention import ExpectedEffect
-from evotrainer.records.numeric import finite_or_none
-
-# The comparison operators of a trigger condition: the same set as ``loop/skills.py`` triggers, so a
-# library entry exported as a seed skill fires on exactly the reports it fires on here.
-TRIGGER_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
-               "!=": operator.ne}
+from evotrainer.operators.triggers import holds
 
 
 @dataclass(frozen=True)
@@ -129,12 +124,6 @@ class LibraryEntry:
     def hypothesis_text(self, parent: HarnessProgram, params: dict[str, Any]) -> str:
         old = parent.knobs[self.move.knob]["value"] if self.move else None
         return self.hypothesis.format(**params, old=old, new=params.get("value"))
-
-
-def holds(condition: dict[str, Any], metrics: dict[str, Any]) -> bool:
-    """A condition on a metric that is absent or not a number does not hold (as for skills)."""
-    x = finite_or_none(metrics.get(condition["metric"]))
-    return x is not None and TRIGGER_OPS[condition["op"]](x, float(condition["value"]))
 
 
 def same_value(a: Any, b: Any) -> bool:
