@@ -41,6 +41,15 @@ def get_domain(name: str, **kwargs: Any) -> Domain:
     return factory(**kwargs)
 
 
+def planted_leak(text: str) -> str | None:
+    """The answer a planted leak in a prompt's text gives away (math's reference note, the one
+    domain that plants its leak in the prompt; an SWE repository's is its git history), or None.
+    The fitness layer's leak checks read prompts through this, not through a marker of their own."""
+    from evotrainer.domains.math.tasks import leaked_answer   # no sympy: only the task generator
+
+    return leaked_answer(text)
+
+
 def build_domain(spec: Any) -> Domain:
     """The domain a ``domain:`` config section describes (any object with its fields)."""
     extra: dict[str, Any] = {}
@@ -52,4 +61,5 @@ def build_domain(spec: Any) -> Domain:
                       **extra)
 
 
-__all__ = ["SPLITS", "Domain", "Task", "build_domain", "get_domain", "known_domains", "register_domain", "text_key"]
+__all__ = ["SPLITS", "Domain", "Task", "build_domain", "get_domain", "known_domains", "planted_leak", "register_domain",
+           "text_key"]

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.config import parse_config
-from evotrainer.domains import build_domain
+from evotrainer.domains import build_domain, planted_leak
 from evotrainer.domains.task import Task
-from evotrainer.fitness.leak import LEAK_NOTE
 from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.version import BranchVersion, VersionDir
@@ -74,8 +73,7 @@ class CachedVersion:
         if task is not None:
             return str(task.answer) if task.hidden.get("leaked") or task.visible.get("leaky") else None
         text = " ".join(m.get("content", "") for m in r.messages if m.get("role") == "user")
-        m = LEAK_NOTE.search(text)
-        return m.group(1).strip() if m else None
+        return planted_leak(text)
 
     def answer_of(self, r: Rollout) -> str | None:
         task = self.tasks.get(r.task_id)

@@ -15,9 +15,6 @@ from evotrainer.records.rollout import Rollout, last_steps
 if TYPE_CHECKING:
     from evotrainer.fitness.cache import CachedVersion
 
-LEAK_NOTE = re.compile(r"\(Reference note:\s*([^)]*)\)")   # evotrainer.domains.math.tasks.LEAK_TEMPLATE
-
-
 def number_in(answer: str, text: str) -> bool:
     """Whether ``answer`` appears in ``text`` as a whole number/token (so '7' does not match '17')."""
     answer = answer.strip()

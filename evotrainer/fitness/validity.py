@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from evotrainer.domains import planted_leak
 from evotrainer.fitness.cache import CachedVersion
 from evotrainer.fitness.episodes import reward_without_progress
 from evotrainer.fitness.gate_config import GateConfig
@@ -114,7 +115,7 @@ def _tamper(v: CachedVersion) -> Check:
                     # False" hid that the edit was in format_ok.
                     bad.append(f"{split}:{i} stored {', '.join(f'{k}={stored.get(k)}' for k in differ)} but the "
                                f"verifier says {', '.join(f'{k}={fresh[k]}' for k in differ)}")
-            if split != "train" and (v.leak_of(r) is not None or "(Reference note" in str(r.messages)):
+            if split != "train" and (v.leak_of(r) is not None or planted_leak(str(r.messages)) is not None):
                 notes += 1
                 bad.append(f"{split}:{i} held-out prompt carries a reference note")
     mismatches = len(bad) - notes
