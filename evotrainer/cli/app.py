@@ -4,6 +4,7 @@
     evotrainer train CONFIG                   train one branch under its harness (cli/train.py)
     evotrainer run|resume|status|approve|reject   the co-evolution loop (cli/loop.py)
     evotrainer lineage|skills RUN_DIR         inspect a run (cli/run_views.py)
+    evotrainer rerun RUN_DIR VERSION          train a recorded version again, compare with its record (cli/rerun.py)
     evotrainer strategies RUN_DIR ...         interventions proposed, promoted and kept per domain (cli/strategies.py)
     evotrainer genome check|run ...           check a harness genome, run one hook in the sandbox (cli/genome.py)
     evotrainer mutate PATH ...                propose an intervention with an operator (cli/mutate.py)
@@ -20,10 +21,11 @@ from typing import Sequence
 
 from evotrainer.cli import check, domain, fitness, genome, loop, mutate, run_views, train
 from evotrainer.cli import strategies
+from evotrainer.cli import rerun
 from evotrainer.cli.errors import run_command
 
 # The command groups, in the order `evotrainer --help` lists them.
-COMMAND_GROUPS = (check, train, loop, run_views, strategies, genome, mutate, fitness, domain)
+COMMAND_GROUPS = (check, train, loop, run_views, rerun, strategies, genome, mutate, fitness, domain)
 
 
 def build_parser() -> argparse.ArgumentParser:
