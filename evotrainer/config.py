@@ -156,6 +156,19 @@ MODE_OPERATORS: dict[str, dict[str, float]] = {"recipe-search": {"knobs": 1.0},
 GATE_LEVEL = 0.9
 
 
+class MergeConfig(_Section):
+    """Merge children (loop/merging.py): two survivors' LoRA adapters merged with peft, under a crossover
+    of their harnesses, trained and gated against the first survivor's continuation like any child."""
+
+    every: int = Field(1, ge=1, le=100_000, description="propose a merge child every this many generations")
+    combination: Literal["linear", "ties", "dare_ties", "dare_linear", "magnitude_prune", "svd", "ties_svd",
+                         "dare_ties_svd", "dare_linear_svd", "magnitude_prune_svd"] = Field(
+        "ties", description="peft's add_weighted_adapter combination ('cat' is not offered: it doubles the rank)")
+    weights: tuple[float, float] = Field((0.5, 0.5), description="weights of the first and second survivor's adapter")
+    density: float = Field(0.5, gt=0, le=1, description="share of each adapter's values kept by the pruning "
+                           "combinations (ties, dare_*, magnitude_prune); unused by linear and svd")
+
+
 class ValidityConfig(_Section):
     """The engine's validity thresholds (fitness/validity.py): when a branch is marked invalid."""
 
@@ -211,6 +224,9 @@ class EvolutionConfig(_Section):
     user_skills: bool = Field(True, description="read and extend the user-level skill library")
     llm: LLMConfig = Field(default_factory=LLMConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    merge: MergeConfig | None = Field(None, description=(
+        "merge children of two survivors (adapters merged with peft, harnesses crossed); off by default: unmeasured, "
+        "and each merge takes one of children_per_generation's slots"))
 
     @property
     def exploit(self) -> float:
