@@ -217,8 +217,6 @@ def test_a_lost_start_adapter_is_merged_again_bit_for_bit(merged_run):
     assert start_adapter(exp, exp.vdir(merged_run[2][0]).meta()) is None   # the first parent: not a merge child
 
 
-@pytest.mark.xfail(strict=True, reason="loop/training.py's start_from_parent copies the first parent's adapter; "
-                   "it must start a merge child from loop.merging.start_adapter (docs/guides/merge.md)")
 def test_the_merge_child_trains_from_the_merged_adapter(merged_run):
     exp, cid, (a, _), _, _ = merged_run
     trained = lora_tensors(exp.vdir(cid).adapter_dir)

@@ -22,6 +22,7 @@ from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.crash import crash_point
+from evotrainer.loop.merging import start_adapter
 from evotrainer.policy.collect import CollectJob, collect_many, default_prompt, prompt_fn, shares_batches, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.episodes import sampled_token_budget
@@ -103,7 +104,8 @@ class BranchTraining:
         self.exp.runtime.unload_adapter(self.vid)
         shutil.rmtree(self.vd.adapter_dir, ignore_errors=True)
         if self.meta.parents:
-            src = self.exp.vdir(self.meta.parents[0]).adapter_dir
+            # a merge child starts from its parents' merged adapter (loop/merging.py), any other from its first parent's
+            src = start_adapter(self.exp, self.meta) or self.exp.vdir(self.meta.parents[0]).adapter_dir
             if not (src / "adapter_config.json").is_file():
                 raise RunDirError(f"{self.vid}'s parent {self.meta.parents[0]} holds no adapter ({src}): its weights "
                                   "are lost; restore the folder from a backup, or start the run again")
