@@ -185,6 +185,22 @@ class ValidityConfig(_Section):
         "share of prompts that carry their own task's answer that marks a prompt hook as leaking it"))
 
 
+# The axes of a harness descriptor (loop/diversity.py): the training hooks, then the knob groups.
+DIVERSITY_AXES = ("reward", "filter", "advantages", "curriculum", "prompt", "knobs")
+
+
+class DiversityConfig(_Section):
+    """MAP-Elites over harness descriptors at selection (loop/diversity.py, docs/concepts/diversity.md)."""
+
+    min_cells: int = Field(2, ge=1, le=1024, description=(
+        "survivors cover at least this many descriptor cells when the candidates hold them: the best of an "
+        "uncovered cell replaces the lowest-scoring survivor of a cell another survivor still holds; the elite "
+        "is always kept; 1: off (selection by score and cost alone)"))
+    axes: list[Literal[DIVERSITY_AXES]] = Field(list(DIVERSITY_AXES), min_length=1, description=(
+        "what tells two harnesses apart: reward, filter (keep_groups), advantages, curriculum (select_tasks), "
+        "prompt hook code, and knobs (the groups of knob values changed: optimiser, sampling, loss, other)"))
+
+
 class EvolutionConfig(_Section):
     mode: Literal["evolve", "reference", "recipe-search", "random-library"] = Field(
         "evolve", description="evolve: all operators; reference: fixed reference harness; recipe-search: knobs only; "
@@ -199,6 +215,7 @@ class EvolutionConfig(_Section):
     selection: Literal["nsga2", "tournament"] = "nsga2"
     tournament_size: int = Field(2, ge=1, le=1024)
     elitism: int = Field(1, ge=0, description="best valid branches always kept")
+    diversity: DiversityConfig = Field(default_factory=DiversityConfig)
     gate_level: float = Field(GATE_LEVEL, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
     min_delta: float = Field(0.0, description="a child is promoted when the CI lower bound exceeds this")
     validity: ValidityConfig = Field(default_factory=ValidityConfig)

@@ -24,6 +24,7 @@ from evotrainer.fitness.labels import LabelStore
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.budgets import BudgetReached, Budgets
 from evotrainer.loop.crash import crash_point
+from evotrainer.loop.diversity import version_cell
 from evotrainer.loop.executor import Executor, build_executor
 from evotrainer.loop.exploit import exploration_overruns
 from evotrainer.loop.final_pick import report_test
@@ -183,7 +184,8 @@ class Experiment:
             cands = self.candidates(self.generation_versions(g))
             survivors = select_survivors(cands, self.cfg.evolution.population_size, self.cfg.evolution.selection,
                                          self.cfg.evolution.elitism, self.cfg.evolution.tournament_size,
-                                         seed=self.cfg.seed + g)
+                                         seed=self.cfg.seed + g, min_cells=self.cfg.evolution.diversity.min_cells,
+                                         say=lambda msg: self.say(f"gen {g}: {msg}"))
             if not cands:   # nothing of this generation was trained (a budget ran out before it):
                 # the last survivors stand, or the run would end with none and no final pick
                 survivors = [v for v in s.survivors if self.vdir(v).path.is_dir()]
@@ -280,10 +282,12 @@ class Experiment:
     def candidates(self, vids: list[str]) -> list[Candidate]:
         out = []
         for v in vids:
+            cell = version_cell(self, v)   # every version's descriptor is recorded, settled or not
             m = self.vdir(v).meta()
             if m.status in SETTLED:
                 # Ranked on the selection draw: the gate draw decided this version's promotion.
-                out.append(Candidate(v, m.metrics.get("selection_accuracy", 0.0), m.metrics.get("cost", 0.0)))
+                out.append(Candidate(v, m.metrics.get("selection_accuracy", 0.0), m.metrics.get("cost", 0.0),
+                                     cell=cell))
         return out
 
     def set_status(self, vid: str, status: str) -> None:

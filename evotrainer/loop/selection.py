@@ -3,16 +3,21 @@
 Objectives: maximise held-out score, minimise cost (generated tokens per training step). Validity
 is a constraint, not an objective: an invalid version is never selected, whatever its score.
 NSGA-II (the default) keeps the Pareto front first; tournament selection is an option. Elitism
-always keeps the best valid versions by score.
+always keeps the best valid versions by score. With ``min_cells`` > 1 the choice then covers that
+many harness-descriptor cells where the candidates hold them (``loop/diversity.py``): the best of an
+uncovered cell replaces the lowest-scoring pick of a cell another pick still holds, and ``say`` is
+told each replacement.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from deap import base, tools
+
+from evotrainer.loop.diversity import diversify
 
 
 class _Fitness(base.Fitness):
@@ -25,18 +30,28 @@ class Candidate:
     score: float
     cost: float
     valid: bool = True
+    cell: str | None = None    # its harness descriptor's cell (loop/diversity.py); None: not described
 
     def __post_init__(self) -> None:
         self.fitness = _Fitness((self.score, self.cost))
 
 
 def survivors(cands: Sequence[Candidate], k: int, method: str = "nsga2", elitism: int = 1,
-              tournament_size: int = 2, seed: int = 0) -> list[str]:
-    """The ids of at most ``k`` valid versions that live on."""
+              tournament_size: int = 2, seed: int = 0, min_cells: int = 1,
+              say: Callable[[str], None] | None = None) -> list[str]:
+    """The ids of at most ``k`` valid versions that live on, covering ``min_cells`` descriptor cells
+    where the candidates hold them (the elite stays; ``say`` hears every change diversity made)."""
     valid = [c for c in cands if c.valid]
     if len(valid) <= k:
         return [c.version_id for c in valid]
     elite = sorted(valid, key=lambda c: (-c.score, c.cost, c.version_id))[:min(elitism, k)]
+    picked = elite + _fill(valid, elite, k, method, tournament_size, seed)
+    return [c.version_id for c in diversify(picked, valid, min_cells, len(elite), "survivors", say)]
+
+
+def _fill(valid: list[Candidate], elite: list[Candidate], k: int, method: str, tournament_size: int,
+          seed: int) -> list[Candidate]:
+    """The ``k - len(elite)`` survivors after the elite, by NSGA-II or tournament."""
     rest = [c for c in valid if c not in elite]
     if method == "nsga2":
         chosen = tools.selNSGA2(rest, k - len(elite))
@@ -47,11 +62,13 @@ def survivors(cands: Sequence[Candidate], k: int, method: str = "nsga2", elitism
             chosen = _unique_tournament(rest, k - len(elite), tournament_size)
         finally:
             random.setstate(rng_state)
-    return [c.version_id for c in elite + list(chosen)]
+    return list(chosen)
 
 
-def parents(cands: Sequence[Candidate], k: int, tournament_size: int = 2, seed: int = 0) -> list[str]:
-    """``k`` parent ids (with repetition) by tournament on Pareto rank, then score."""
+def parents(cands: Sequence[Candidate], k: int, tournament_size: int = 2, seed: int = 0, min_cells: int = 1,
+            say: Callable[[str], None] | None = None) -> list[str]:
+    """``k`` parent ids (with repetition) by tournament on Pareto rank, then score; with ``min_cells``
+    > 1 the draws then cover that many descriptor cells where the candidates hold them."""
     valid = [c for c in cands if c.valid]
     if not valid or k <= 0:
         return []
@@ -61,8 +78,8 @@ def parents(cands: Sequence[Candidate], k: int, tournament_size: int = 2, seed: 
     out = []
     for _ in range(k):
         pool = [rng.choice(valid) for _ in range(tournament_size)]
-        out.append(min(pool, key=lambda c: (rank[c.version_id], -c.score, c.version_id)).version_id)
-    return out
+        out.append(min(pool, key=lambda c: (rank[c.version_id], -c.score, c.version_id)))
+    return [c.version_id for c in diversify(out, valid, min_cells, 1, "parents", say)]
 
 
 def _unique_tournament(cands: list[Candidate], k: int, size: int) -> list[Candidate]:
