@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 # Upper bounds on every size that drives compute: a typo (an extra zero or three) is an error that
@@ -185,6 +185,9 @@ class ValidityConfig(_Section):
         "share of prompts that carry their own task's answer that marks a prompt hook as leaking it"))
 
 
+# Where a person may decide (loop/human_gate.py), in the order a generation reaches them.
+HUMAN_GATE_POINTS = ("diagnosis", "design", "backtest", "completion")
+
 # The axes of a harness descriptor (loop/diversity.py): the training hooks, then the knob groups.
 DIVERSITY_AXES = ("reward", "filter", "advantages", "curriculum", "prompt", "knobs")
 
@@ -223,7 +226,10 @@ class EvolutionConfig(_Section):
                                    "(survivors, parents, the final pick, the revert's choice); the rest is the gate "
                                    "draw (promotions, the revert's test)")
     allow_multi_factor: bool = False
-    human_gate: bool = Field(False, description="pause before training each child until approve/reject")
+    human_gate: list[str] = Field(default_factory=list, description=(
+        "where the run pauses for a person's approve/revise/abort: any of diagnosis (survivors' health "
+        "before proposing), design (a proposed intervention before its backtest), backtest (a backtested "
+        "child before it trains), completion (a gated child before selection); true = [backtest], false = []"))
     backtest: bool = Field(True, description="reject children whose backtest misses their expected effect")
     revert: bool = Field(True, description="continue a survivor's best ancestor instead when paired held-out "
                                            "statistics say the survivor regressed from it")
@@ -244,6 +250,24 @@ class EvolutionConfig(_Section):
     merge: MergeConfig | None = Field(None, description=(
         "merge children of two survivors (adapters merged with peft, harnesses crossed); off by default: unmeasured, "
         "and each merge takes one of children_per_generation's slots"))
+
+    @field_validator("human_gate", mode="before")
+    @classmethod
+    def _gate_points(cls, value: Any) -> Any:
+        """``true`` is the pause before training (``backtest``), ``false`` none; a list names its points."""
+        if value is None or value is False:
+            return []
+        if value is True:
+            return ["backtest"]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"must be true, false or a list of points from {', '.join(HUMAN_GATE_POINTS)}")
+        unknown = [p for p in value if p not in HUMAN_GATE_POINTS]
+        if unknown:
+            raise ValueError(f"unknown human gate point(s) {', '.join(map(repr, unknown))}; choose from "
+                             f"{', '.join(HUMAN_GATE_POINTS)} (or true for backtest, false for none)")
+        return [p for p in HUMAN_GATE_POINTS if p in value]   # flow order, no repeats
 
     @property
     def exploit(self) -> float:

@@ -1,4 +1,5 @@
-"""CLI commands of the co-evolution loop: run, resume, status, approve, reject."""
+"""CLI commands of the co-evolution loop: run, resume, status, and the human gate's approve, revise, abort
+(reject = abort)."""
 
 from __future__ import annotations
 
@@ -113,40 +114,49 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"{exp.cfg.evolution.generations}, stage {s.stage}, live {', '.join(s.live) or '-'}")
     for line in s.events[-args.events:]:
         console.print(f"  [dim]{line}[/dim]")
+    _print_pending(exp)
     exp.print_summary(console)
     return 0
 
 
-def _decide(args: argparse.Namespace, verdict: str) -> int:
+def _decide(args: argparse.Namespace, action: str) -> int:
+    """approve | abort (reject is abort) | revise, through loop/human_gate.py; then what comes next."""
     exp = _experiment(args.run_dir)
-    pending = [k for k, v in exp.state.approvals.items() if v == "pending"]
-    if not pending:   # nothing to decide: the run is left exactly as it is (a finished run stays finished)
-        console.print(f"[red]nothing awaits approval in {args.run_dir}[/red] (the run is {exp.state.status})")
-        return 1
-    ids = args.versions or pending
-    unknown = [i for i in ids if i not in pending]
-    if unknown:
-        console.print(f"[red]not awaiting approval: {', '.join(unknown)}[/red]; pending: {', '.join(pending)}")
-        return 2
-    for vid in ids:
-        vd = exp.vdir(vid)
-        meta = vd.meta()
-        exp.state.approvals[vid] = verdict
-        if verdict == "approved":
-            meta.status = "pending"
+    from evotrainer.loop import human_gate
+
+    try:
+        if not human_gate.pending(exp):   # nothing to decide: the run is left exactly as it is
+            console.print(f"[red]nothing awaits a decision in {args.run_dir}[/red] (the run is {exp.state.status})")
+            return 1
+        if action == "revise":
+            point = human_gate.revise(exp, args.version, genome=args.genome, hypothesis=args.hypothesis,
+                                      note=args.note, outcome=args.outcome, reason=args.reason, by=args.by)
+            ids = [args.version]
+            verdict = "revised" + (" (approve or abort it now)" if point in ("design", "backtest") else "")
         else:
-            meta.status = "rejected"
-            meta.decision = {"reasons": [f"rejected by a person{': ' + args.reason if args.reason else ''}"]}
-            if vid in exp.state.live:
-                exp.state.live.remove(vid)
-        vd.save_meta(meta)
-        exp.record(vid)
-        console.print(f"{vid}: {verdict}")
-    if exp.state.status == "paused" and not any(v == "pending" for v in exp.state.approvals.values()):
-        exp.state.status = "running"
-        console.print(f"all decided: continue with `evotrainer resume {args.run_dir}`")
-    exp.save()
+            ids = (human_gate.approve if action == "approve" else human_gate.abort)(
+                exp, args.versions, reason=args.reason, by=args.by)
+            verdict = "approved" if action == "approve" else "rejected"
+        for vid in ids:
+            console.print(f"{vid}: {verdict}")
+        if exp.state.stop_reason and action == "abort" and exp.state.status == "running":
+            console.print(f"the run stops: {exp.state.stop_reason}")
+            _run(exp)   # closes it cleanly now: the final pick on test, every version recorded
+            exp.print_summary(console)
+        elif not human_gate.pending(exp):
+            console.print(f"all decided: continue with `evotrainer resume {args.run_dir}`")
+    finally:
+        exp.close()
     return 0
+
+
+def _print_pending(exp) -> None:
+    from evotrainer.loop import human_gate
+
+    waiting = human_gate.pending(exp)
+    if waiting:
+        console.print(f"[bold yellow]{human_gate.pause_line(exp, waiting)}[/bold yellow]")
+        console.print(human_gate.request_text(exp, waiting), markup=False)
 
 
 def register(sub) -> None:
@@ -162,9 +172,23 @@ def register(sub) -> None:
     p.add_argument("run_dir")
     p.add_argument("--events", type=number(int, 1), default=10, help="recent events to show")
     p.set_defaults(func=cmd_status)
-    for verdict, name in (("approved", "approve"), ("rejected", "reject")):
-        p = sub.add_parser(name, help=f"{name} children waiting at the human gate")
+    helps = {"approve": "let what waits at the human gate go ahead",
+             "abort": "drop children waiting at the human gate (at diagnosis: no children; all: stop the run)",
+             "reject": "drop children waiting at the human gate (the same as abort)"}
+    for name, action in (("approve", "approve"), ("abort", "abort"), ("reject", "abort")):
+        p = sub.add_parser(name, help=helps[name])
         p.add_argument("run_dir")
-        p.add_argument("versions", nargs="*", help="version ids (default: all pending)")
-        p.add_argument("--reason", default="", help="feedback recorded with the decision")
-        p.set_defaults(func=lambda a, v=verdict: _decide(a, v))
+        p.add_argument("versions", nargs="*", help="version ids (default: all awaiting a decision)")
+        p.add_argument("--reason", default="", required=name == "abort", help="why, recorded with the decision")
+        p.add_argument("--by", help="who decides (default: the user name)")
+        p.set_defaults(func=lambda a, v=action: _decide(a, v))
+    p = sub.add_parser("revise", help="change what waits at the human gate, then approve or abort it")
+    p.add_argument("run_dir")
+    p.add_argument("version")
+    p.add_argument("--genome", help="design/backtest: a harness file that replaces the child's genome")
+    p.add_argument("--hypothesis", help="design/backtest: the child's new hypothesis")
+    p.add_argument("--note", help="diagnosis: a hint the operators see among the survivor's alerts")
+    p.add_argument("--outcome", choices=("kept", "rejected"), help="completion: hold back the gate's verdict")
+    p.add_argument("--reason", default="", help="why, recorded with the decision")
+    p.add_argument("--by", help="who decides (default: the user name)")
+    p.set_defaults(func=lambda a: _decide(a, "revise"))

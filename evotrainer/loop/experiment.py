@@ -28,6 +28,7 @@ from evotrainer.loop.diversity import version_cell
 from evotrainer.loop.executor import Executor, build_executor
 from evotrainer.loop.exploit import exploration_overruns
 from evotrainer.loop.final_pick import report_test
+from evotrainer.loop import human_gate
 from evotrainer.loop.gating import gate_version
 from evotrainer.loop.operator_mix import operator_mix
 from evotrainer.loop.progress import NullProgress
@@ -111,9 +112,8 @@ class Experiment:
         s = self.state
         if s.status in ("finished", "stopped"):
             return s
-        if s.status == "paused" and any(v == "pending" for v in s.approvals.values()):
-            self.say("paused: waiting for `evotrainer approve/reject` on " +
-                     ", ".join(k for k, v in s.approvals.items() if v == "pending"))
+        if s.status == "paused" and human_gate.pending(self):
+            self.say(f"paused: {human_gate.pause_line(self, human_gate.pending(self))}")
             return s
         self.validate()   # what a resumed run names (data files, model folder) may have moved since
         s.status = "running"
@@ -143,6 +143,8 @@ class Experiment:
     def run_generation(self) -> None:
         s, g = self.state, self.state.generation
         if s.stage == "train":
+            if human_gate.hold_children(self):   # children awaiting a decision at design or backtest
+                return
             self.progress.stage(f"gen {g}/{self.cfg.evolution.generations - 1} train", len(s.live))
             self.executor.train(self, list(s.live))
             self.advance("verify")
@@ -153,10 +155,15 @@ class Experiment:
         if s.stage == "gate":
             self.progress.stage(f"gen {g} gate", len(s.live))
             for vid in s.live:
-                gate_version(self, vid)
+                hold = human_gate.holds_completion(self, vid)
+                gate_version(self, vid, finish=not hold)
+                if hold:
+                    human_gate.open_decision(self, vid, "completion", g)
                 self.record(vid)
                 self.save()
                 self.progress.advance()
+            if human_gate.pause(self):   # the gate's verdicts on children await a person (completion)
+                return
             self.advance("select")
         if s.stage == "select":
             self.select_stage(g)
@@ -164,15 +171,14 @@ class Experiment:
         if s.stage == "propose":
             if s.stop_reason:  # a budget ran out during this generation: it was finished, now stop
                 raise BudgetReached(s.stop_reason)
+            if human_gate.pause_at_diagnosis(self, g):   # the survivors' health reports await a person
+                return
             if g + 1 < self.cfg.evolution.generations:
                 self.continue_survivors(g + 1)
                 if s.exploit_from is None:
-                    propose_children(self, s.survivors, g + 1)
+                    propose_children(self, human_gate.parents_for_children(self, g), g + 1)
             s.generation, s.stage = g + 1, "train"
-            if any(v == "pending" for v in s.approvals.values()):
-                s.status = "paused"
-                self.say("human gate: approve or reject the proposed children, then `evotrainer resume`")
-            self.save()
+            self.save()   # children awaiting a decision (design, backtest) pause the train stage
 
     def select_stage(self, g: int) -> None:
         """Selection and reverts are planned first and saved with the state (survivors, the reverts'

@@ -34,12 +34,14 @@ def control_of(exp: Experiment, meta: BranchVersion) -> str | None:
     return meta.parents[0] if meta.parents else None
 
 
-def gate_version(exp: Experiment, vid: str) -> None:
-    """Validity first (engine checks + the harness's own), then paired statistics against the control."""
+def gate_version(exp: Experiment, vid: str, finish: bool = True) -> None:
+    """Validity first (engine checks + the harness's own), then paired statistics against the control.
+    ``finish=False`` (a human gate at completion): the verdict is saved, its effects (history, skills,
+    operator credit) wait for the person's decision and a later call."""
     vd = exp.vdir(vid)
     meta = vd.meta()
     if meta.status != "verified":
-        if meta.operator is not None and "hypothesis" in (meta.decision or {}):   # gated, then a crash
+        if finish and meta.operator is not None and "hypothesis" in (meta.decision or {}):   # gated, then a crash
             finish_gate(exp, vd, meta, control_of(exp, meta))
         return
     gcfg = gate_config(exp.cfg)
@@ -50,7 +52,8 @@ def gate_version(exp: Experiment, vid: str) -> None:
     with exp.budgets.timed("gate"):
         decision = gate(vd.path, exp.vdir(control).path if control else None, gcfg, labels=exp.labels,
                         report=report)
-    meta.decision = decision.to_dict()
+    human = (meta.decision or {}).get("human")   # a person's earlier decisions on it (loop/human_gate.py)
+    meta.decision = decision.to_dict() | ({"human": human} if human else {})
     meta.violations = [{"name": "gate", "message": r} for r in decision.reasons
                        if r.startswith(("engine check", "harness validity"))]
     if not decision.valid:
@@ -67,7 +70,7 @@ def gate_version(exp: Experiment, vid: str) -> None:
     crash_point("gate:meta-saved")
     if is_child:
         exp.say(f"gen {meta.generation}: {vid} vs {control}: {meta.status}; {gate_line(decision.paired)}")
-    if is_child:
+    if is_child and finish:
         finish_gate(exp, vd, meta, control)
     else:
         write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))

@@ -20,6 +20,7 @@ from evotrainer.fitness.backtest import backtest
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.selection import parents as select_parents
+from evotrainer.loop.decision_request import notes_for
 from evotrainer.loop.skills import report_metrics
 from evotrainer.loop.versions import new_version
 from evotrainer.operators import Evidence, OperatorError
@@ -35,6 +36,10 @@ def evidence_for(exp: Experiment, vid: str) -> Evidence:
     and the diagnostic gaps (invalid branches no validity check flagged)."""
     vd = exp.vdir(vid)
     report = json.loads((vd.path / "health.json").read_text()) if (vd.path / "health.json").is_file() else {}
+    notes = notes_for(exp, vid)   # a person's hints at the diagnosis gate (loop/human_gate.py), alerts first
+    if notes:
+        report = {**report, "alerts": [{"name": "person's note", "severity": "critical", "source": "human",
+                                        "message": n, "suggestion": n} for n in notes] + list(report.get("alerts") or [])}
     metrics, domain = report_metrics(report), exp.cfg.domain.name
     found = exp.skills.matching(metrics, domain) + (exp.user_skills.matching(metrics, domain) if exp.user_skills else [])
     skills = list({s.id: s.prompt_dict() for s in reversed(found)}.values())[::-1][:3]   # run's first, no repeats
@@ -155,33 +160,44 @@ def propose_children(exp: Experiment, survivors: list[str], generation: int) -> 
         admit(exp, iv, pid, extra, record, generation, cases)
 
 
+def backtest_child(exp: Experiment, iv, pid: str, cases: list | None = None):
+    """The backtest of ``iv``'s child on ``pid``'s cached rollouts and the labelled history (``cases``,
+    read here when not given), its time charged to the budget."""
+    t0 = time.perf_counter()
+    cases = exp.labels.cases() if cases is None else cases
+    bt = backtest(iv.child(), exp.vdir(pid).path, expect=iv.expected_effect, labels=cases)
+    exp.budgets.spend(backtest_seconds=time.perf_counter() - t0)
+    return bt
+
+
 def admit(exp: Experiment, iv, pid: str, extra_parents: list[str], record: dict, generation: int,
           cases: list) -> str | None:
     """Backtests an intervention on ``pid``'s cached rollouts and, if it passes, makes it a pending
-    child (awaiting approval under a human gate); the history records either outcome."""
+    child; the history records either outcome. Under a human gate at design the child waits before its
+    backtest (which runs once a person approves, ``loop/human_gate.py``), at backtest after it."""
     ev, state = exp.cfg.evolution, exp.state
     record.update(operator=iv.operator, factor=iv.factor, hypothesis=iv.hypothesis,
                   expected=iv.expected_effect.to_dict() if iv.expected_effect else None,
                   **({"entry": iv.details["entry"]} if iv.details.get("entry") else {}))
+    gate = next((p for p in ("design", "backtest") if p in ev.human_gate), None)
     bt = None
-    if ev.backtest:
-        t0 = time.perf_counter()
-        bt = backtest(iv.child(), exp.vdir(pid).path, expect=iv.expected_effect, labels=cases)
-        exp.budgets.spend(backtest_seconds=time.perf_counter() - t0)
+    if ev.backtest and gate != "design":
+        bt = backtest_child(exp, iv, pid, cases)
         if not bt.accept:
             state.history.append({**record, "outcome": "backtest_rejected", "reasons": bt.reasons[:5]})
             exp.say(f"gen {generation}: {iv.operator} child of {pid} rejected by backtest: {bt.reasons[:1]}")
             exp.save()
             return None
-    status = "awaiting_approval" if ev.human_gate else "pending"
+    status = "awaiting_approval" if gate else "pending"
     cid = new_version(exp, exp.vdir(pid).meta(), iv.child_source, generation, operator=iv.operator,
                       factor=iv.factor, intervention=iv.to_dict(), extra_parents=extra_parents, status=status)
     if bt is not None:
         write_atomic(exp.vdir(cid).path / "backtest.json", bt.to_json())
     state.history.append({**record, "outcome": "accepted", "child": cid})
     state.live.append(cid)
-    if ev.human_gate:
+    if gate:   # the decision is opened here, with the child, so a crash cannot leave one without it
         state.approvals[cid] = "pending"
+        state.gates[cid] = {"point": gate, "generation": generation}
     exp.say(f"gen {generation}: {iv.operator} proposed {cid} from {pid} ({iv.factor})")
     exp.save()
     return cid

@@ -32,7 +32,11 @@ class RunState:
     next_id: int = 0
     budget_used: dict[str, float] = field(default_factory=lambda: {
         "train_steps": 0, "rollout_tokens": 0, "llm_calls": 0, "llm_tokens": 0, "wall_time_s": 0.0})
-    approvals: dict[str, str] = field(default_factory=dict)   # version id -> pending | approved | rejected
+    # The human gate (loop/human_gate.py): version id -> its latest decision (pending | approved | revised |
+    # rejected), and version id -> where that decision is taken ({"point": ..., "generation": ...}; a
+    # version in approvals with no entry here waits at "backtest", the pause before training).
+    approvals: dict[str, str] = field(default_factory=dict)
+    gates: dict[str, dict[str, Any]] = field(default_factory=dict)
     operator_stats: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)  # interventions and their outcomes
     final: dict[str, Any] | None = None   # the final pick and its test-split score (loop/final_pick.py)
@@ -77,7 +81,7 @@ def load_state(run_dir: str | Path) -> RunState:
 # The type every field must have (a damaged file used to pass, and fail later in a comparison).
 _TYPES = {"generation": int, "stage": str, "status": str, "stop_reason": (str, type(None)), "live": list,
           "survivors": list, "selection": (dict, type(None)), "exploit_from": (int, type(None)), "next_id": int,
-          "budget_used": dict, "approvals": dict, "operator_stats": dict, "history": list,
+          "budget_used": dict, "approvals": dict, "gates": dict, "operator_stats": dict, "history": list,
           "final": (dict, type(None)), "start": (dict, type(None)), "events": list}
 
 
