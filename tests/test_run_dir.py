@@ -180,6 +180,7 @@ def test_inspection_commands_write_nothing(tmp_path, capsys):
     assert main(["status", str(run)]) == 0
     assert main(["lineage", str(run)]) == 0
     assert main(["skills", "--run", str(run)]) == 0
+    assert main(["strategies", str(run)]) == 0
     capsys.readouterr()
     assert snapshot(run) == before
 
@@ -207,7 +208,7 @@ def test_approve_with_nothing_pending_leaves_a_finished_run_finished(tmp_path, c
     exp.save()
     exp.close()
     assert main(["approve", str(run)]) == 1
-    assert "nothing awaits approval" in capsys.readouterr().out
+    assert "nothing awaits a decision" in " ".join(capsys.readouterr().out.split())
     assert load_state(run).status == "finished"
 
 

@@ -132,8 +132,13 @@ def propose_children(exp: Experiment, survivors: list[str], generation: int) -> 
     if todo > 0 and ev.mode == "evolve" and (pair := compound(exp, survivors)):
         if propose_compound(exp, *pair, generation):
             todo -= 1
+    from evotrainer.loop.merging import propose_merge_child   # (merging builds on this module's admit)
+
+    if todo > 0 and propose_merge_child(exp, survivors, generation):   # evolution.merge decides whether and when
+        todo -= 1
     picks = select_parents(exp.candidates(survivors), max(0, todo), ev.tournament_size,
-                           seed=exp.cfg.seed * 7919 + generation)
+                           seed=exp.cfg.seed * 7919 + generation, min_cells=ev.diversity.min_cells,
+                           say=lambda msg: exp.say(f"gen {generation}: {msg}"))
     cases = exp.labels.cases() if picks and ev.backtest else []   # labelled history: read once per round
     for pid in picks:
         exp.budgets.guard()
