@@ -148,3 +148,24 @@ def test_spend_record_shows_a_child_with_twice_the_group_size_spends_twice(tmp_p
                             "heldout_tokens": 18}
     assert rec["control"]["train_rollouts"] == 8 and rec["train_rollouts_ratio"] == rec["train_tokens_ratio"] == 2.0
     assert spend_record(version("orphan", 4), None)["control"] is None
+
+
+def test_a_child_whose_control_failed_is_gated_against_the_parent(run, tmp_path):
+    """A continuation whose harness or sandbox worker failed has no held-out scores: its siblings are
+    paired with the parent (verified on the same tasks) instead of being refused as unpairable."""
+    import shutil
+
+    from evotrainer.fitness.gate_config import gate_config
+    from evotrainer.fitness.gates import gate
+
+    copy = tmp_path / "run"
+    shutil.copytree(run.run_dir, copy, ignore=shutil.ignore_patterns(".evotrainer.lock"))
+    exp = Experiment.resume(copy, readonly=True)
+    child = next(m for m in (exp.vdir(v).meta() for v in exp.versions())
+                 if m.operator and m.parents and control_of(exp, m) != m.parents[0])
+    sibling = control_of(exp, child)
+    assert gate(exp.vdir(child.id).path, exp.vdir(sibling).path, gate_config(exp.cfg)).paired   # paired as usual
+    shutil.rmtree(exp.vdir(sibling).path / "rollouts")   # the continuation failed before it was verified
+    assert control_of(exp, child) == child.parents[0]
+    decision = gate(exp.vdir(child.id).path, exp.vdir(child.parents[0]).path, gate_config(exp.cfg))
+    assert decision.paired and not any("same tasks" in r for r in decision.reasons), decision.reasons

@@ -60,7 +60,9 @@ def _close_all() -> None:
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout_s: float = 10.0          # wall clock per call (engine kills the process group)
-    start_timeout_s: float = 20.0    # worker start + loading the harness
+    # worker start + loading the harness: a fresh interpreter's imports, which on a loaded node (a
+    # population's training processes on two cores) took over 20 s and failed a healthy continuation
+    start_timeout_s: float = 60.0
     cpu_s: int = 10                  # CPU seconds per call (RLIMIT_CPU soft limit, SIGXCPU)
     cpu_lifetime_s: int = 3600       # RLIMIT_CPU hard limit over the worker's life
     memory_mb: int = 2048            # RLIMIT_AS

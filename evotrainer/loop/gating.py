@@ -25,12 +25,20 @@ if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
 
 
-def control_of(exp: Experiment, meta: BranchVersion) -> str | None:
-    """The sibling that continued the child's parent under the parent's own harness this generation."""
+def control_of(exp: Experiment, meta: BranchVersion, say: bool = False) -> str | None:
+    """The sibling that continued the child's parent under the parent's own harness this generation.
+    When that continuation failed before it was verified (its harness or sandbox worker failed: it
+    has no held-out scores), the parent itself, verified on the same tasks a generation earlier: the
+    child is then judged against where both started rather than rejected for its sibling's failure."""
     for vid in exp.generation_versions(meta.generation):
         other = exp.vdir(vid).meta()
         if other.operator is None and other.parents == meta.parents[:1] and other.id != meta.id:
-            return vid
+            if exp.vdir(vid).rollouts_path("heldout").is_file():
+                return vid
+            if say:
+                exp.say(f"gen {meta.generation}: {meta.id}'s control {vid} has no held-out scores ({other.status}); "
+                        f"{meta.id} is gated against its parent {meta.parents[0]} instead")
+            break
     return meta.parents[0] if meta.parents else None
 
 
@@ -46,7 +54,7 @@ def gate_version(exp: Experiment, vid: str, finish: bool = True) -> None:
         return
     gcfg = gate_config(exp.cfg)
     is_child = meta.operator is not None
-    control = control_of(exp, meta) if is_child else None
+    control = control_of(exp, meta, say=True) if is_child else None
     health = vd.path / "health.json"   # written by verification: the gate judges that same report
     report = HealthReport.from_dict(json.loads(health.read_text())) if health.is_file() else None
     with exp.budgets.timed("gate"):
