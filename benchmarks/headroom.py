@@ -11,6 +11,7 @@ The table is the target the search must reach and the effect size its gate must 
     python benchmarks/headroom.py --json benchmarks/results/headroom_math.json            # math, quickstart levels
     python benchmarks/headroom.py --config examples/train_code.yaml --json .../headroom_code.json
     python benchmarks/headroom.py --combine longer_completions+lower_temperature --json ...
+    python benchmarks/headroom.py --config examples/evolve_swe.yaml --steps 8 --n-test 16 --json .../headroom_swe.json
     python benchmarks/headroom.py --model tiny-random --steps 2 --seeds 0 --n-test 8 --variants reference,rloo_advantages
 
 Runs go seed by seed (every variant for seed 0, then seed 1, ...), each written to ``--json`` as it
@@ -58,6 +59,15 @@ SINGLES: dict[str, tuple[str, dict]] = {
     "format_partial_credit": ("format_partial_credit", {"credit": 0.1}),
 }
 CODE_SKIP = {"format_partial_credit"}   # math-only reward template
+# SWE (multi-turn episodes): the entries that answer the SWE report's diagnosis (operators/swe_entries.py),
+# at their strongest setting: the question is whether anything in the search space moves the 135M policy.
+SWE_SINGLES: dict[str, tuple[str, dict]] = {
+    "swe_call_form_credit": ("swe_call_form_credit", {"credit": 0.3}),
+    "swe_worked_call_prompt": ("swe_worked_call_prompt", {"shots": 3}),
+    "swe_give_up_penalty": ("swe_give_up_penalty", {"penalty": 0.2}),
+}
+# What an episode did, per test task (fitness/episodes.py): the figures a SWE comparison reports.
+EPISODE_RATES = ("resolved", "valid_call_rate", "edited", "ran_tests", "progress")
 
 
 def build_variant(name: str, seed: HarnessProgram) -> HarnessProgram:
@@ -67,9 +77,10 @@ def build_variant(name: str, seed: HarnessProgram) -> HarnessProgram:
     entries = {e.id: e for e in default_entries()}
     program = seed
     for part in name.split("+"):
-        if part not in SINGLES:
-            raise SystemExit(f"unknown variant {part!r}; known: reference, {', '.join(SINGLES)}")
-        entry_id, params = SINGLES[part]
+        known = {**SINGLES, **SWE_SINGLES}
+        if part not in known:
+            raise SystemExit(f"unknown variant {part!r}; known: reference, {', '.join(known)}")
+        entry_id, params = known[part]
         entry = entries[entry_id]
         reason = entry.unavailable(program)
         if reason:
@@ -134,6 +145,10 @@ def score_test(cfg, domain, engine, policy, adapter, prompt) -> dict:
 
     tasks = domain.tasks("test")
     greedy = verify(engine, domain, tasks, adapter, max_new_tokens=cfg.train.eval_max_new_tokens, prompt=prompt)
+    if cfg.domain.name == "swe":   # episodes: what each one did; sampled episodes cost too much here
+        return {"test_accuracy": heldout_accuracy(greedy),
+                "test_scores": {t: s[0] for t, s in task_scores(greedy).items()},
+                "episode_scores": episode_scores(greedy)}
     sampled = verify(engine, domain, tasks[:SAMPLED_TASKS], adapter, max_new_tokens=cfg.train.eval_max_new_tokens,
                      temperature=1.0, seeds=tuple(range(SAMPLED_K)), prompt=prompt)
     refs = [(t, domain.reference_completion(t)) for t in tasks]
@@ -143,6 +158,20 @@ def score_test(cfg, domain, engine, policy, adapter, prompt) -> dict:
             "test_scores": {t: s[0] for t, s in task_scores(greedy).items()},
             "sampled_scores": {t: sum(s.values()) / len(s) for t, s in task_scores(sampled).items()},
             "answer_logprob": {t.id: v for (t, _), v in zip(refs, lls)}}
+
+
+def episode_scores(rollouts) -> dict[str, dict[str, float]]:
+    """Per test task (greedy, one episode each): resolved, the share of its calls the environment
+    accepted, whether it edited a file, ran the tests, made any of that progress."""
+    from evotrainer.fitness.episodes import _calls, edited, progress, ran_tests, resolved, valid_calls
+
+    out: dict[str, dict[str, float]] = {k: {} for k in EPISODE_RATES}
+    for r in rollouts:
+        calls = len(_calls(r))
+        for k, v in (("resolved", resolved(r)), ("valid_call_rate", valid_calls(r) / calls if calls else 0.0),
+                     ("edited", edited(r)), ("ran_tests", ran_tests(r)), ("progress", progress(r))):
+            out[k][r.task_id] = float(v)
+    return out
 
 
 def base_scores(cfg) -> dict:
@@ -192,6 +221,61 @@ def report(data: dict, level: float = 0.9) -> str:
         trunc = statistics.fmean(r["truncation_last8"] or 0 for r in rs)
         lines.append(f"{name:<42} {len(rs):>5} {statistics.fmean(accs):>7.3f} ± {sd:.3f} {dtxt:>32} "
                      f"{skipped:>8.1f} {trunc:>6.2f}   per seed: {' / '.join(f'{a:.3f}' for a in accs)}")
+    if any("episode_scores" in r for r in runs):
+        lines += ["", episode_report(data, by_variant, ref, level), "", form_ladder(data, by_variant)]
+    return "\n".join(lines)
+
+
+def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
+    """How far up the tool-call form ladder the training episodes got (read from the run directories'
+    train rollouts, first two steps vs last two): the share of turns with a fenced block, with the
+    ```tool fence, and the calls the environment could parse (a named tool)."""
+    out = Path(data.get("out") or "runs/headroom_swe")
+    lines = ["training episodes' call form, first two steps -> last two (share of turns fenced / with the ```tool "
+             "fence; named calls)"]
+    for name, rs in by_variant.items():
+        for r in sorted(rs, key=lambda r: r["seed"]):
+            path = out / name / f"seed{r['seed']}" / "rollouts" / "train.jsonl"
+            if not path.is_file():
+                continue
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            steps = sorted({x["step"] for x in rows})
+            parts = []
+            for chosen in (steps[:2], steps[-2:]):
+                turns = [str(t.get("text", "")) for x in rows if x["step"] in chosen
+                         for t in x.get("turn_log") or [] if isinstance(t, dict)]
+                named = sum(1 for x in rows if x["step"] in chosen for c in x.get("tool_calls") or []
+                            if isinstance(c, dict) and c.get("name"))
+                n = max(1, len(turns))
+                parts.append(f"{sum('```' in t for t in turns) / n:.2f} / {sum('```tool' in t for t in turns) / n:.2f}; "
+                             f"{named}")
+            lines.append(f"  {name} seed {r['seed']}: {parts[0]} -> {parts[1]}")
+    return "\n".join(lines)
+
+
+def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int, dict], level: float) -> str:
+    """Per variant, each episode rate on the test split (mean over seeds and tasks) and its paired
+    difference with the reference over (task, seed), with the bootstrap CI."""
+    def pairs(rs: list[dict], key: str) -> dict[str, float]:
+        return {f"{t}@{r['seed']}": v for r in rs for t, v in r["episode_scores"][key].items()}
+
+    base = (data.get("base") or {}).get("episode_scores")
+    lines = ["episode rates on the test split (greedy; per episode: resolved, share of calls accepted, edited, "
+             "ran tests, any progress), paired with reference over (task, seed)"
+             + ("; untrained: " + ", ".join(f"{k} {statistics.fmean(base[k].values()):.3f}" for k in EPISODE_RATES)
+                if base else "")]
+    for name, rs in by_variant.items():
+        cells = []
+        for k in EPISODE_RATES:
+            m = statistics.fmean(v for r in rs for v in r["episode_scores"][k].values())
+            paired = [r for r in rs if r["seed"] in ref]
+            if name != "reference" and paired:
+                d = paired_deltas(pairs(paired, k), pairs([ref[r["seed"]] for r in paired], k))
+                ci = bootstrap_ci(d, level=level)
+                cells.append(f"{k} {m:.3f} ({float(d.mean()):+.3f} [{ci.low:+.3f}, {ci.high:+.3f}])")
+            else:
+                cells.append(f"{k} {m:.3f}")
+        lines.append(f"  {name} ({len(rs)} seed(s)): " + "; ".join(cells))
     return "\n".join(lines)
 
 
@@ -271,11 +355,13 @@ def main(argv=None) -> None:
     cfg.domain.n_heldout = max(cfg.domain.n_heldout or 0, 8)
     cfg.train.eval_size = 8            # train_branch's own held-out check; the test split is what counts
     seed_prog = seed_program(cfg)
+    singles = SWE_SINGLES if cfg.domain.name == "swe" else SINGLES
     names = args.variants.split(",") if args.variants else ["reference"] + [
-        n for n in SINGLES if not (cfg.domain.name == "code" and n in CODE_SKIP)]
+        n for n in singles if not (cfg.domain.name == "code" and n in CODE_SKIP)]
     names += args.combine
     programs = {n: build_variant(n, seed_prog) for n in names}
-    data.update(domain=cfg.domain.name, steps=args.steps, n_test=args.n_test, config=args.config, model=cfg.model)
+    data.update(domain=cfg.domain.name, steps=args.steps, n_test=args.n_test, config=args.config, model=cfg.model,
+                out=args.out)
     if "base" not in data:
         print("untrained model on the test split ...", flush=True)
         data["base"] = base_scores(cfg)

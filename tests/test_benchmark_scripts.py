@@ -44,6 +44,21 @@ def test_headroom_trains_variants_and_pairs_them_with_the_reference(tmp_path):
     assert "nothing to set the signals against" in _run([args[0], "--json", "h.json", "--signals"], tmp_path)
 
 
+def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
+    """On SWE the screen scores episodes: per test task resolved, calls accepted, edits, test runs,
+    progress, paired with the reference; and how far up the call-form ladder training got."""
+    args = [str(ROOT / "benchmarks" / "headroom.py"), "--config", str(ROOT / "examples" / "evolve_swe.yaml"),
+            "--model", "tiny-random", "--steps", "1", "--seeds", "0", "--n-test", "2",
+            "--variants", "reference,swe_call_form_credit", "--out", "runs", "--json", "h.json"]
+    out = _run(args, tmp_path)
+    data = json.loads((tmp_path / "h.json").read_text())
+    for r in data["runs"]:
+        assert set(r["episode_scores"]) == {"resolved", "valid_call_rate", "edited", "ran_tests", "progress"}
+        assert all(len(v) == 2 for v in r["episode_scores"].values())
+    assert "episode rates on the test split" in out and "swe_call_form_credit (1 seed(s)): resolved" in out
+    assert "swe_call_form_credit seed 0:" in out and "->" in out   # the form ladder, read from the run dirs
+
+
 def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks():
     """Three models on 8 tasks, the first 4 scored by each signal: greedy and sampled agree with the
     greedy difference on the other 4; the answer log-probability ranks them the other way round."""
