@@ -34,3 +34,27 @@ def test_changed_weights_get_a_new_name_and_an_id_never_used_before(tiny, tmp_pa
         next(p for n, p in policy.model.named_parameters() if ".v1." in n and "lora_B" in n).sub_(0.1)
     back, _ = reg.export(policy, "v1")
     assert back.digest == first.digest and back.lora_id == 4
+
+
+def test_unchanged_weights_are_not_hashed_again(tiny, tmp_path, monkeypatch):
+    """Every generate call (every SWE turn) exports its adapter: the sha256 over every tensor runs only
+    when a tensor was written to since the last export, which an optimizer step always does."""
+    import evotrainer.policy.adapter_registry as registry
+
+    model, tok = tiny
+    policy = Policy(model, tok)
+    policy.create("v1")
+    hashed = []
+    real = registry.adapter_digest
+    monkeypatch.setattr(registry, "adapter_digest", lambda p, b: hashed.append(b) or real(p, b))
+    reg = AdapterRegistry(tmp_path)
+    first, _ = reg.export(policy, "v1")
+    for _ in range(3):
+        assert reg.export(policy, "v1") == (first, None)
+    assert hashed == ["v1"]
+    params = policy.parameters("v1")
+    loss = sum((p * p).sum() for p in params) + sum(p.sum() for p in params)
+    loss.backward()
+    torch.optim.AdamW(params, lr=1e-2).step()          # in place, as training does
+    stepped, superseded = reg.export(policy, "v1")
+    assert hashed == ["v1", "v1"] and superseded == first and stepped.digest != first.digest

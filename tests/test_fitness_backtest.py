@@ -267,3 +267,21 @@ def test_rollout_cases_are_capped_and_balanced(tmp_path, parent):
     cases = store.cases(max_rollout_cases=10)
     assert len(cases) == 10 and sum(c.invalid for c in cases) == 5     # all 5 invalid kept
     assert len(store.cases()) == 24
+
+
+def test_a_replay_over_a_large_cache_gets_limits_sized_for_it(tmp_path, monkeypatch):
+    """The sandbox's per-call limits are sized for one training step's batch; a backtest hands the
+    metrics hook the parent's whole cache, so both harnesses it opens get limits scaled by the cache
+    (here 200 rollouts: 4 batches' worth), and the replay still runs in the sandbox."""
+    import evotrainer.fitness.backtest as bt
+
+    assert bt.replay_limits(10).timeout_s == 10.0 and bt.replay_limits(200).timeout_s == 40.0
+    assert bt.replay_limits(200).cpu_s == 40 and bt.replay_limits(10**9).timeout_s == 600.0
+    train = [rollout(f"t{i // 4}", step=i // 16, group=(i // 4) % 4, correct=i % 3 == 0, fmt=True) for i in range(200)]
+    parent = write_version(tmp_path / "big", train)
+    opened = []
+    real = bt.Harness
+    monkeypatch.setattr(bt, "Harness", lambda program, **kw: opened.append(kw) or real(program, **kw))
+    r = bt.backtest(reference_program(), parent)
+    assert not r.errors, r.errors
+    assert [(kw["sandbox"], kw["limits"].timeout_s) for kw in opened] == [(True, 40.0), (True, 40.0)]

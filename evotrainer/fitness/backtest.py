@@ -24,6 +24,7 @@ the parent's catch, or raise false alarms beyond ``max_fpr``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from evotrainer.genome.edits import factors_changed
 from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
+from evotrainer.genome.sandbox import SandboxLimits
 from evotrainer.operators.intervention import EFFECT_OPS, ExpectedEffect
 from evotrainer.records.rollout import Rollout, group_rollouts
 
@@ -206,6 +208,19 @@ def _parent_metrics(h: Harness, rollouts: list[Rollout]) -> dict[str, float]:
         return {}
 
 
+# Rollouts per hook call the sandbox's default limits are sized for: a training step's batch. A replay
+# hands a hook the parent's whole cache (every step at once), so its limits grow with the cache.
+STEP_ROLLOUTS = 64
+
+
+def replay_limits(n_rollouts: int) -> SandboxLimits:
+    """The sandbox limits of a replay over ``n_rollouts``: the per-call wall and CPU seconds scaled by
+    how many training batches the cache holds (at most 60 times, within the worker's lifetime CPU)."""
+    base = SandboxLimits()
+    scale = min(60, max(1, math.ceil(n_rollouts / STEP_ROLLOUTS)))
+    return dataclasses.replace(base, timeout_s=base.timeout_s * scale, cpu_s=base.cpu_s * scale)
+
+
 def backtest(candidate: HarnessProgram | str | Path, parent: str | Path | CachedVersion,
              expect: str | dict | ExpectedEffect | None = None,
              labels: LabelStore | Sequence[LabelledCase] | None = None, max_fpr: float = 0.2) -> BacktestResult:
@@ -221,7 +236,8 @@ def backtest(candidate: HarnessProgram | str | Path, parent: str | Path | Cached
     numbers: dict = {}
     diag = pdiag = None
     try:
-        with Harness(program, sandbox=True) as cand, Harness(v.program, sandbox=True) as par:
+        limits = replay_limits(len(v.train) + len(v.heldout))
+        with Harness(program, sandbox=True, limits=limits) as cand, Harness(v.program, sandbox=True, limits=limits) as par:
             try:
                 before, after, numbers = predict(cand, par, v)
             except Exception as e:  # noqa: BLE001 - the candidate's failure is the finding

@@ -10,6 +10,7 @@ never handed out twice in a registry's life.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -29,11 +30,20 @@ class ServedAdapter:
     lora_id: int      # the serving engine's integer id: one per (branch, digest), never reused
     path: Path        # folder with adapter_config.json + adapter_model.safetensors
     zero: bool        # all lora_B are zero: the adapter equals the base model by construction
+    stamp: tuple = ()  # the tensors' identities and in-place version counters when it was exported
 
     @property
     def name(self) -> str:
         """The name the engine serves it under; it changes whenever the weights do."""
         return f"{self.branch}@{self.digest[:16]}"
+
+
+def weights_stamp(policy, branch: str) -> tuple:
+    """Which tensors hold a branch's LoRA weights and how often each was changed in place (torch's
+    version counter: an optimizer step, a load_state_dict copy). Equal stamps mean the weights cannot
+    have changed, so the sha256 over every tensor (on the CPU: a device-to-host copy of each) is
+    skipped; an episode's every turn and a step's every generate call export the same adapter."""
+    return tuple((id(p), p.data_ptr(), p._version) for p in policy.parameters(branch))
 
 
 def adapter_digest(policy, branch: str) -> str:
@@ -63,17 +73,21 @@ class AdapterRegistry:
     def export(self, policy, branch: str) -> tuple[ServedAdapter, ServedAdapter | None]:
         """The branch's adapter as it is now in ``policy``; and the one it supersedes (None when the
         weights did not change since the last export), which the engine should drop."""
-        digest = adapter_digest(policy, branch)
+        stamp = weights_stamp(policy, branch)
         prev = self.current.get(branch)
+        if prev is not None and prev.stamp == stamp and prev.path.is_dir():
+            return prev, None   # not one tensor was replaced or written to since that export
+        digest = adapter_digest(policy, branch)
         if prev is not None and prev.digest == digest and prev.path.is_dir():
-            return prev, None
+            self.current[branch] = dataclasses.replace(prev, stamp=stamp)
+            return self.current[branch], None
         path = self.root / f"{branch}-{digest[:16]}-{self._next_id}"
         tmp = self.root / f".{path.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         policy.save(branch, tmp)
         tmp.rename(path)      # whole folders only: the engine never reads half an adapter
         served = ServedAdapter(branch=branch, digest=digest, lora_id=self._next_id, path=path,
-                               zero=policy.is_zero(branch))
+                               zero=policy.is_zero(branch), stamp=stamp)
         self._next_id += 1
         self.current[branch] = served
         return served, prev
