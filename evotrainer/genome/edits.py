@@ -197,7 +197,7 @@ def _deps(program: HarnessProgram, name: str) -> set[str]:
     return seen
 
 
-def _hook_fingerprint(program: HarnessProgram, hook: str) -> str | None:
+def hook_fingerprint(program: HarnessProgram, hook: str) -> str | None:
     if hook not in program.functions:
         return None
     defs = _toplevel(program)
@@ -209,7 +209,7 @@ def factors_changed(parent: HarnessProgram, child: HarnessProgram) -> list[str]:
 
     A knob orphaned by the hook change (see ``orphaned_knobs``) is not a factor of its own."""
     knobs = [k for k in sorted(set(parent.knobs) | set(child.knobs)) if parent.knobs.get(k) != child.knobs.get(k)]
-    hooks = [h for h in HOOKS if _hook_fingerprint(parent, h) != _hook_fingerprint(child, h)]
+    hooks = [h for h in HOOKS if hook_fingerprint(parent, h) != hook_fingerprint(child, h)]
     if knobs and hooks:
         orphaned = set(orphaned_knobs(parent, child, hooks))
         knobs = [k for k in knobs if k not in orphaned]
@@ -222,7 +222,7 @@ def orphaned_knobs(parent: HarnessProgram, child: HarnessProgram, hooks: list[st
 
     ``hooks`` are the changed hooks when the caller knows them."""
     if hooks is None:
-        hooks = [h for h in HOOKS if _hook_fingerprint(parent, h) != _hook_fingerprint(child, h)]
+        hooks = [h for h in HOOKS if hook_fingerprint(parent, h) != hook_fingerprint(child, h)]
     if not hooks:
         return []
     candidates = [k for k in parent.knobs if k not in TRAINER_SETTINGS]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from evotrainer.config import DIVERSITY_AXES
-from evotrainer.genome.edits import _hook_fingerprint, factors_changed
+from evotrainer.genome.edits import hook_fingerprint, factors_changed
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
 
@@ -69,7 +69,7 @@ def describe(seed: HarnessProgram, program: HarnessProgram) -> Descriptor:
     axes = {}
     for axis, hook in HOOK_AXES.items():
         if f"hook:{hook}" in changed:
-            code = _hook_fingerprint(program, hook) or "absent"   # absent: falls back to the reference hook
+            code = hook_fingerprint(program, hook) or "absent"   # absent: falls back to the reference hook
             axes[axis] = hashlib.sha256(code.encode()).hexdigest()[:6]
         else:
             axes[axis] = SEED_CELL
