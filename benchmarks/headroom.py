@@ -39,6 +39,7 @@ from evotrainer.fitness.paired_stats import bootstrap_ci, paired_deltas
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.seed import seed_program
 from evotrainer.operators.library import default_entries
+from evotrainer.records.version import VersionDir
 
 # name -> (library entry, its parameters): one representative setting per entry, the middle of its
 # allowed values where it has several. Knob moves are relative to the seed's (the config's) values.
@@ -235,16 +236,15 @@ def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
              "fence; named calls)"]
     for name, rs in by_variant.items():
         for r in sorted(rs, key=lambda r: r["seed"]):
-            path = out / name / f"seed{r['seed']}" / "rollouts" / "train.jsonl"
-            if not path.is_file():
+            rows = VersionDir(out / name / f"seed{r['seed']}").rollouts("train")
+            if not rows:
                 continue
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            steps = sorted({x["step"] for x in rows})
+            steps = sorted({x.step for x in rows})
             parts = []
             for chosen in (steps[:2], steps[-2:]):
-                turns = [str(t.get("text", "")) for x in rows if x["step"] in chosen
-                         for t in x.get("turn_log") or [] if isinstance(t, dict)]
-                named = sum(1 for x in rows if x["step"] in chosen for c in x.get("tool_calls") or []
+                turns = [str(t.get("text", "")) for x in rows if x.step in chosen
+                         for t in x.turn_log or [] if isinstance(t, dict)]
+                named = sum(1 for x in rows if x.step in chosen for c in x.tool_calls or []
                             if isinstance(c, dict) and c.get("name"))
                 n = max(1, len(turns))
                 parts.append(f"{sum('```' in t for t in turns) / n:.2f} / {sum('```tool' in t for t in turns) / n:.2f}; "
