@@ -30,7 +30,7 @@ def local_client(budget):
 
 
 @pytest.mark.slow
-def test_local_llm_diff_is_applied_or_rejected_with_a_reason():
+def test_local_llm_diff_reply_that_does_not_parse_is_a_counted_rejection():
     parent = reference_program()
     budget = TokenBudget(max_calls=1)
     op = get_operator("llm_diff", client=local_client(budget), max_tokens=64, temperature=0.0)

@@ -75,9 +75,9 @@ def material(exp: Experiment, vid: str, point: str) -> str:
         lines += ["", "```diff", (vd.path / "diff.patch").read_text()[:6000] if (vd.path / "diff.patch").is_file()
                   else iv.get("diff", ""), "```"]
     elif point == "backtest":
-        bt = vd.path / "backtest.json"
-        if bt.is_file():
-            d = json.loads(bt.read_text())
+        backtest_file = vd.path / "backtest.json"
+        if backtest_file.is_file():
+            d = json.loads(backtest_file.read_text())
             lines += [f"- backtest: {'ACCEPT' if d.get('accept') else 'REJECT'} (expectation {d.get('expectation_status')})"]
             lines += [f"  - {r}" for r in d.get("reasons") or []]
             keys = list(d.get("after") or {})

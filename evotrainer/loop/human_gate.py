@@ -138,16 +138,17 @@ def _backtest_designed(exp: Experiment, vid: str) -> None:
     meta = vd.meta()
     iv = Intervention.from_dict(meta.intervention)
     if exp.cfg.evolution.backtest:
-        bt = backtest_child(exp, iv, meta.parents[0])
-        write_atomic(vd.path / "backtest.json", bt.to_json())
-        if not bt.accept:
+        backtested = backtest_child(exp, iv, meta.parents[0])
+        write_atomic(vd.path / "backtest.json", backtested.to_json())
+        if not backtested.accept:
             meta.status = "rejected"
-            meta.decision = {**(meta.decision or {}), "reasons": [f"backtest: {r}" for r in bt.reasons[:5]]}
+            meta.decision = {**(meta.decision or {}), "reasons": [f"backtest: {r}" for r in backtested.reasons[:5]]}
             vd.save_meta(meta)
-            _history_outcome(exp, vid, "backtest_rejected", reasons=bt.reasons[:5])
+            _history_outcome(exp, vid, "backtest_rejected", reasons=backtested.reasons[:5])
             s.live.remove(vid)
             exp.record(vid)
-            exp.say(f"gen {meta.generation}: {vid} rejected by backtest after design approval: {bt.reasons[:1]}")
+            exp.say(f"gen {meta.generation}: {vid} rejected by backtest after design approval: "
+                    f"{backtested.reasons[:1]}")
             exp.save()
             return
     if enabled(exp, "backtest"):
@@ -299,11 +300,12 @@ def _revise_child(exp: Experiment, vid: str, point: str, genome: Path | None, hy
         iv.evidence = old.evidence
     if hypothesis is not None:
         iv.hypothesis = hypothesis.strip()
-    bt = None
+    backtested = None
     if point == "backtest" and genome is not None and exp.cfg.evolution.backtest:
-        bt = backtest_child(exp, iv, meta.parents[0])
-        if not bt.accept:
-            raise HumanGateError(f"{genome}: the revised child fails its backtest ({'; '.join(bt.reasons[:2])}); "
+        backtested = backtest_child(exp, iv, meta.parents[0])
+        if not backtested.accept:
+            raise HumanGateError(f"{genome}: the revised child fails its backtest "
+                                 f"({'; '.join(backtested.reasons[:2])}); "
                                  f"{vid} is unchanged: approve or abort it as it is, or revise again")
     kept = _keep_revision(vd)
     _record(exp, vid, point, "revise", reason, by, previous=kept, genome_hash=HarnessProgram(iv.child_source).hash,
@@ -312,8 +314,8 @@ def _revise_child(exp: Experiment, vid: str, point: str, genome: Path | None, hy
     vd.save_genome(iv.child_source)
     write_atomic(vd.path / "intervention.json", json.dumps(iv.to_dict(), indent=2, default=str))
     write_atomic(vd.path / "diff.patch", iv.diff)
-    if bt is not None:
-        write_atomic(vd.path / "backtest.json", bt.to_json())
+    if backtested is not None:
+        write_atomic(vd.path / "backtest.json", backtested.to_json())
     program = HarnessProgram(iv.child_source)
     meta.genome_hash, meta.knobs, meta.factor, meta.intervention = program.hash, program.knob_values, iv.factor, iv.to_dict()
     vd.save_meta(meta)

@@ -21,9 +21,9 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.selection import parents as select_parents
 from evotrainer.loop.decision_request import notes_for
-from evotrainer.loop.skills import report_metrics
 from evotrainer.loop.versions import new_version
 from evotrainer.operators import Evidence, OperatorError
+from evotrainer.operators.triggers import report_metrics
 from evotrainer.records.version import write_atomic
 
 if TYPE_CHECKING:
@@ -170,9 +170,9 @@ def backtest_child(exp: Experiment, iv, pid: str, cases: list | None = None):
     read here when not given), its time charged to the budget."""
     t0 = time.perf_counter()
     cases = exp.labels.cases() if cases is None else cases
-    bt = backtest(iv.child(), exp.vdir(pid).path, expect=iv.expected_effect, labels=cases)
+    backtested = backtest(iv.child(), exp.vdir(pid).path, expect=iv.expected_effect, labels=cases)
     exp.budgets.spend(backtest_seconds=time.perf_counter() - t0)
-    return bt
+    return backtested
 
 
 def admit(exp: Experiment, iv, pid: str, extra_parents: list[str], record: dict, generation: int,
@@ -185,19 +185,19 @@ def admit(exp: Experiment, iv, pid: str, extra_parents: list[str], record: dict,
                   expected=iv.expected_effect.to_dict() if iv.expected_effect else None,
                   **({"entry": iv.details["entry"]} if iv.details.get("entry") else {}))
     gate = next((p for p in ("design", "backtest") if p in ev.human_gate), None)
-    bt = None
+    backtested = None
     if ev.backtest and gate != "design":
-        bt = backtest_child(exp, iv, pid, cases)
-        if not bt.accept:
-            state.history.append({**record, "outcome": "backtest_rejected", "reasons": bt.reasons[:5]})
-            exp.say(f"gen {generation}: {iv.operator} child of {pid} rejected by backtest: {bt.reasons[:1]}")
+        backtested = backtest_child(exp, iv, pid, cases)
+        if not backtested.accept:
+            state.history.append({**record, "outcome": "backtest_rejected", "reasons": backtested.reasons[:5]})
+            exp.say(f"gen {generation}: {iv.operator} child of {pid} rejected by backtest: {backtested.reasons[:1]}")
             exp.save()
             return None
     status = "awaiting_approval" if gate else "pending"
     cid = new_version(exp, exp.vdir(pid).meta(), iv.child_source, generation, operator=iv.operator,
                       factor=iv.factor, intervention=iv.to_dict(), extra_parents=extra_parents, status=status)
-    if bt is not None:
-        write_atomic(exp.vdir(cid).path / "backtest.json", bt.to_json())
+    if backtested is not None:
+        write_atomic(exp.vdir(cid).path / "backtest.json", backtested.to_json())
     state.history.append({**record, "outcome": "accepted", "child": cid})
     state.live.append(cid)
     if gate:   # the decision is opened here, with the child, so a crash cannot leave one without it
