@@ -6,6 +6,8 @@
     errors.py                   GenomeError and its kinds (contract, edit, single-factor)
     sandbox.py                  Sandbox: runs hooks in a locked-down worker process
     sandbox_worker.py           the worker process itself (standard library only, run by Sandbox)
+    sandbox_guard.py            the worker's audit hook and import guards while harness code runs
+    sandbox_outcome.py          a call's captured output, JSON result or failure report, in the worker
     results.py                  validation of hook results
     harness.py                  Harness: the engine-side facade
     reference_harness.py        the math reference harness (a harness file, not imported)

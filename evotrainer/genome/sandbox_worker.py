@@ -1,9 +1,10 @@
 """Sandbox worker: the only process that runs harness code. Started by ``sandbox.Sandbox``.
 
 Run as ``python -I sandbox_worker.py REQ_FD RESP_FD``. It imports nothing from evotrainer (only the
-standard library), so it runs the same wherever the engine lives. It is one file on purpose: ``-I``
-keeps the script's folder off ``sys.path``, so the worker cannot import a sibling module, and
-everything it holds serves one concept, the isolated process (set up isolation, then serve calls).
+standard library), so it runs the same wherever the engine lives. Its parts are sibling modules:
+``sandbox_guard`` (the audit hook and import guards that hold while harness code runs) and
+``sandbox_outcome`` (a call's captured output, JSON result or failure report); this file sets up
+the isolated process and serves calls.
 Protocol: two dedicated pipes of its own (never stdout, so harness prints cannot corrupt it).
 Requests are pickles streamed by the engine (trusted data); replies are an 8-byte big-endian length
 + JSON (the engine never unpickles what this process says).
@@ -15,7 +16,7 @@ Layers, outermost first (the engine adds the wall-clock kill of the whole proces
   2. An audit hook that, while harness code runs, refuses process creation, signals, ctypes,
      sockets, rlimit changes, frame introspection, new imports outside the allow-list, writes
      outside scratch and reading other processes' /proc entries. Every refusal is recorded, so a
-     harness that swallows the exception is still reported as ``forbidden``.
+     harness that swallows the exception is still reported as ``forbidden`` (``sandbox_guard``).
   3. The harness module gets its own builtins (guarded ``__import__``, no open/eval/exec/...) and
      is re-executed for every call; allow-listed modules and builtins are restored after each call,
      so monkeypatching cannot leak into later calls.
@@ -25,7 +26,6 @@ import _signal
 import builtins
 import ctypes
 import gc
-import io
 import json
 import math
 import os
@@ -35,37 +35,24 @@ import struct
 import sys
 import traceback
 
+# `python -I` keeps this folder off sys.path; the worker's own sibling modules (standard library
+# only) are imported from it, and the folder is dropped again before the read roots are taken and
+# before any harness code runs.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sandbox_guard  # noqa: E402
+import sandbox_outcome  # noqa: E402
+from sandbox_guard import ImportGuard, State, audit, violation  # noqa: E402
+from sandbox_outcome import Capture, NotJSON, classify, described, failure, plain  # noqa: E402
+
+del sys.path[0]
+# The worker's own files: their frames are left out of a failing hook's traceback.
+WORKER_FILES = frozenset({__file__, sandbox_guard.__file__, sandbox_outcome.__file__})
 HEADER = struct.Struct(">Q")
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 # Builtins a harness has no business with (the static check rejects them too).
 REMOVED_BUILTINS = ("open", "eval", "exec", "compile", "breakpoint", "input", "exit", "quit", "help",
                     "globals", "locals", "vars", "memoryview")
-DENIED_EVENTS = frozenset({
-    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill",
-    "os.killpg", "os.chdir", "os.putenv", "os.unsetenv", "subprocess.Popen", "pty.spawn",
-    "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function", "ctypes.addressof",
-    "ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "ctypes.get_errno",
-    "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
-    "socket.getaddrinfo", "socket.gethostbyname", "resource.setrlimit", "resource.prlimit",
-    "sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
-    "object.__setattr__", "object.__delattr__", "code.__new__", "function.__new__", "mmap.__new__",
-    "sqlite3.connect", "gc.get_referrers", "gc.get_objects", "gc.get_referents", "builtins.input",
-})
-# "object.__getattr__" also fires for func.__code__ (read by numpy while importing): refuse frames only.
-FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
-PATH_EVENTS = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
-                         "os.utime", "os.chflags", "os.lchflags", "os.mkfifo", "os.mknod", "shutil.rmtree"})
-TWO_PATH_EVENTS = frozenset({"os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.move"})
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-
-
-class OutputLimit(BaseException):
-    """Raised from print() once the call's output cap is reached (BaseException: hard to swallow)."""
-
-
-class Forbidden(PermissionError):
-    pass
 
 
 # ---- protocol -------------------------------------------------------------------------------------
@@ -84,97 +71,6 @@ def send(fd, obj):
     view = memoryview(HEADER.pack(len(data)) + data)
     while view:
         view = view[os.write(fd, view):]
-
-
-# ---- state shared by the audit hook and the call loop ----------------------------------------------
-class State:
-    active = False          # harness code is running
-    scratch = "/"
-    allowed = frozenset()
-    known_code = ()         # code objects the worker itself executes
-    violations = []
-    read_roots = ()
-    sources = {}            # file name -> source lines, for tracebacks (the worker's own copy)
-
-
-def violation(message):
-    State.violations.append(message)
-    raise Forbidden(message)
-
-
-def _under(path, roots):
-    if isinstance(path, int):
-        return False
-    real = os.path.realpath(os.fsdecode(path))
-    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
-
-
-def _inside_scratch(path):
-    return _under(path, (State.scratch,))
-
-
-def _check_read(path):
-    """Reads only from the Python installation, system libraries, scratch and this process."""
-    if not _under(path, State.read_roots):
-        violation(f"reading {os.fsdecode(path)} (outside the Python installation and scratch) is not allowed")
-
-
-def audit(event, args):
-    if not State.active:
-        return
-    if event in DENIED_EVENTS:
-        violation(f"{event} is not allowed in a harness")
-    elif event == "object.__getattr__":
-        if len(args) > 1 and args[1] in FRAME_ATTRS:
-            violation(f"reading .{args[1]} (interpreter frames) is not allowed in a harness")
-    elif event == "open":
-        path, mode, flags = args
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
-            (isinstance(flags, int) and flags & WRITE_FLAGS)
-        if isinstance(path, int):
-            violation("opening a file descriptor is not allowed")
-        if writing and not _inside_scratch(path):
-            violation(f"writing {os.fsdecode(path)} (outside the scratch directory) is not allowed")
-        _check_read(path)
-    elif event in ("os.listdir", "os.scandir"):
-        _check_read(args[0] if args and args[0] is not None else ".")
-    elif event in PATH_EVENTS:
-        if not _inside_scratch(args[0]) or (len(args) > 2 and args[-1] not in (None, -1)):
-            violation(f"{event} on {args[0]!r} (outside the scratch directory) is not allowed")
-    elif event in TWO_PATH_EVENTS:
-        if not (_inside_scratch(args[0]) and _inside_scratch(args[1])):
-            violation(f"{event} outside the scratch directory is not allowed")
-    elif event == "exec":
-        code = args[0] if args else None
-        # The worker's own harness modules, or a module of the Python installation being imported
-        # lazily (e.g. numpy.polynomial); never code the harness made itself.
-        if not (code in State.known_code or (getattr(code, "co_name", "") == "<module>"
-                                             and _under(getattr(code, "co_filename", ""), State.read_roots)
-                                             and not _inside_scratch(code.co_filename))):
-            violation("exec() is not allowed in a harness")
-    elif event == "compile":
-        violation("compile() is not allowed in a harness")
-    elif event == "import":
-        if str(args[0]).split(".")[0] not in State.allowed:
-            violation(f"import of {args[0]!r} is not allowed (allowed: {', '.join(sorted(State.allowed))})")
-
-
-def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-    if level or name.split(".")[0] not in State.allowed:
-        violation(f"import of {name!r} is not allowed (allowed: {', '.join(sorted(State.allowed))})")
-    return __import__(name, globals, locals, fromlist, level)
-
-
-class ImportGuard:
-    """First meta-path finder: refuses new imports outside the allow-list while harness code runs.
-
-    The "import" audit event does not fire for ``importlib.import_module``; this does."""
-
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if State.active and name.split(".")[0] not in State.allowed:
-            violation(f"import of {name!r} is not allowed (allowed: {', '.join(sorted(State.allowed))})")
-        return None
 
 
 # ---- process set-up -----------------------------------------------------------------------------
@@ -229,54 +125,10 @@ def cpu_budget(seconds, hard):
     resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
 
 
-# ---- running harness code ----------------------------------------------------------------------
-class Capture(io.TextIOBase):
-    def __init__(self, cap):
-        self.cap, self.parts, self.size, self.overflow = cap, [], 0, False
-
-    def write(self, s):
-        s = str(s)
-        if self.size + len(s) > self.cap:
-            self.parts.append(s[: self.cap - self.size])
-            self.size = self.cap
-            self.overflow = True
-            raise OutputLimit()
-        self.parts.append(s)
-        self.size += len(s)
-        return len(s)
-
-    def text(self):
-        return "".join(self.parts)
-
-
-class NotJSON(TypeError):
-    pass
-
-
-def plain(x, depth=0):
-    """Harness result -> plain JSON data (numpy values via tolist); raises NotJSON otherwise."""
-    if depth > 32:
-        raise NotJSON("the result is nested too deeply")
-    t = type(x)
-    if x is None or t in (bool, int, float, str):
-        return x
-    if t in (list, tuple):
-        if all(type(v) is float for v in x):
-            return list(x)  # the common case (rewards, advantages), at C speed
-        return [plain(v, depth + 1) for v in x]
-    if t is dict:
-        if not all(type(k) is str for k in x):
-            raise NotJSON("the result has a dict key that is not a string")
-        return {k: plain(v, depth + 1) for k, v in x.items()}
-    if (getattr(t, "__module__", "") or "").split(".")[0] == "numpy" and hasattr(x, "tolist"):
-        return plain(x.tolist(), depth + 1)
-    raise NotJSON(f"the result holds a {t.__name__}, which is not JSON data")
-
-
-# The worker's own modules: a harness that patches them (after an escape) must not get its code
 # run by the worker outside harness mode, when the audit hook is off.
 OWN_MODULES = ("builtins", "json", "json.encoder", "json.decoder", "pickle", "io", "os", "posixpath", "struct",
-               "resource", "traceback", "gc", "_signal", "_thread", "math", "linecache")
+               "resource", "traceback", "gc", "_signal", "_thread", "math", "linecache", "sandbox_guard",
+               "sandbox_outcome")
 
 
 def snapshot():
@@ -309,67 +161,17 @@ def restore(snap):
     return changed
 
 
+def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+    """The harness's own ``__import__``: no relative imports, none outside the allow-list."""
+    if level or name.split(".")[0] not in State.allowed:
+        violation(f"import of {name!r} is not allowed (allowed: {', '.join(sorted(State.allowed))})")
+    return __import__(name, globals, locals, fromlist, level)
+
+
 def load(code, harness_builtins):
     g = {"__name__": "harness", "__builtins__": dict(harness_builtins)}
     exec(code, g)
     return g
-
-
-def failure(kind, message, output=""):
-    return {"ok": False, "kind": kind, "message": message, "output": output}
-
-
-KINDS = ((MemoryError, "memory"), (RecursionError, "recursion"), (SystemExit, "exit"), (OutputLimit, "output_limit"))
-
-
-def described(exc):
-    """What the report needs from a harness's exception, read while the guard is on: its kind, type
-    name, message and traceback. Each read may run harness code (``__str__``, a metaclass's
-    ``__name__``, a ``__getattribute__``); after this, only C objects and exact strings are left."""
-    kind = next((k for cls, k in KINDS if issubclass(type(exc), cls)), "exception")
-    try:
-        text = str.__str__(repr(exc.code) if kind == "exit" else str(exc))   # an exact str: no harness methods
-    except BaseException:  # noqa: BLE001 - the harness's __str__ raised (a violation is counted already)
-        text = "(its message could not be formatted)"
-    try:
-        tname = str.__str__(type(exc).__name__)
-    except BaseException:  # noqa: BLE001
-        tname = "Exception"
-    try:
-        tb = BaseException.__traceback__.__get__(exc)   # the slot itself, past any __getattribute__
-    except BaseException:  # noqa: BLE001
-        tb = None
-    return kind, tname, text, tb
-
-
-def classify(kind, tname, text, tb, name, sources):
-    """(kind, message, traceback text). Runs off the guard (reading frames is forbidden under it), so
-    it calls nothing a harness could have patched: no traceback or linecache module, only traceback,
-    frame and code objects (C types) and the worker's own copies of the harness sources."""
-    frames = []
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        frames.append((str.__str__(code.co_filename), tb.tb_lineno, str.__str__(code.co_name)))
-        tb = tb.tb_next
-    frames = [f for f in frames if f[0] != __file__][-20:]
-    shown = []
-    for filename, lineno, fn in frames:
-        shown.append(f'  File "{filename}", line {lineno}, in {fn}\n')
-        lines = sources.get(filename)
-        if lines and 0 < lineno <= len(lines):
-            shown.append(f"    {lines[lineno - 1].strip()}\n")
-    trace = "Traceback (most recent call last, harness frames):\n" + "".join(shown) + f"{tname}: {text}\n"
-    where = [lineno for filename, lineno, _ in frames if filename == name]
-    at = f" (line {where[-1]})" if where else ""
-    if kind == "memory":
-        return "memory", f"MemoryError{at}: the address-space limit was reached", trace
-    if kind == "recursion":
-        return "recursion", f"RecursionError{at}: {text}", trace
-    if kind == "exit":
-        return "exit", f"the harness called exit({text}){at}", trace
-    if kind == "output_limit":
-        return "output_limit", "the harness printed more than the output cap", ""
-    return "exception", f"{tname}{at}: {text}", trace
 
 
 def guarded_run(thunk, init, snap):
@@ -388,7 +190,7 @@ def guarded_run(thunk, init, snap):
         about = described(e)
     State.active = False
     if about is not None:   # the worker's own code reads the frames: off the guard, which forbids that
-        report = classify(*about, init["name"], State.sources)
+        report = classify(*about, init["name"], State.sources, WORKER_FILES)
     State.active = True
     try:
         # Harness code runs after the call too: the __del__ of its frames' locals as the traceback
