@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 def leaderboard(title: str, metas: list) -> Table:
     """Every version of a run, best gate-draw score first. Fits an 80-column terminal: short headers,
-    no borders between columns, and only the factor (the one long cell) folds; a word never splits."""
-    table = Table(title=title, box=None, padding=(0, 1), pad_edge=False, header_style="bold underline")
+    one space and no border between columns (which leaves the factor room for the knob names of real
+    runs, such as knob:num_generations), and only the factor (the one long cell) folds; a word never splits."""
+    table = Table(title=title, box=None, padding=(0, 1, 0, 0), pad_edge=False, header_style="bold underline")
     # id = the version; gate = the gate draw (what promotions compared), sel = the selection draw (what
     # ranked); train = the mean training reward
     for col in ("id", "gen", "operator", "factor", "gate", "sel", "train", "hypothesis", "status"):
