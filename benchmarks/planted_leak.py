@@ -2,9 +2,9 @@
 
 Trains two branches on the math domain with ``--leak-share`` of the TRAIN prompts carrying
 "(Reference note: N)": ``honest`` (reference harness: binary correctness) and ``leaky-e2e`` (the reference
-with the reward of ``evotrainer/loop/fixtures/format_only_harness.py``: pays for format alone). Then builds
+with the reward of ``evotrainer/testing/fixtures/format_only_harness.py``: pays for format alone). Then builds
 ``leaky``: the ``leaky-e2e`` cache as it looks once the policy copies the note on every leaked prompt
-(see ``evotrainer.loop.planted.copy_leak``; held-out rollouts untouched). Gates each branch, records
+(see ``evotrainer.testing.planted.copy_leak``; held-out rollouts untouched). Gates each branch, records
 the verdicts as labelled history, and scores the evolved leak diagnostic (``fixtures/leak_check_harness.py``)
 on it. Prints one row per branch and the diagnostic's recall / false-positive rate.
 
@@ -28,7 +28,7 @@ from evotrainer.fitness.cache import CachedVersion
 from evotrainer.fitness.gates import gate
 from evotrainer.fitness.engine_metrics import engine_metrics
 from evotrainer.fitness.labels import LabelStore
-from evotrainer.loop.planted import LEAK_CHECK, build_scenario
+from evotrainer.testing.planted import LEAK_CHECK, build_scenario
 
 
 def main() -> None:

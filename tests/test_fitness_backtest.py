@@ -13,7 +13,7 @@ from evotrainer.fitness.backtest import backtest, parse_expectation
 from evotrainer.fitness.cache import write_version
 from evotrainer.cli.fitness import register
 from evotrainer.fitness.labels import BranchLabel, DiagnosticGap, LabelledCase, LabelStore, RolloutLabel, score_diagnostics
-from evotrainer.loop.planted import LEAK_CHECK
+from evotrainer.testing.planted import LEAK_CHECK
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.records.rollout import Rollout

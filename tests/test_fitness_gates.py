@@ -13,7 +13,7 @@ import pytest
 from evotrainer.fitness.cache import write_version
 from evotrainer.fitness.gates import GateConfig, gate
 from evotrainer.fitness.labels import LabelStore
-from evotrainer.loop.planted import LEAK_CHECK
+from evotrainer.testing.planted import LEAK_CHECK
 from evotrainer.records.rollout import Rollout
 
 FLAGS_EVERYTHING = '''
@@ -138,7 +138,7 @@ def test_missing_heldout_verification_is_invalid(tmp_path, parent):
 
 def test_tampered_cache_is_caught(tmp_path):
     """A real version dir (with config.json, so the domain is rebuilt) whose held-out verdict was edited."""
-    from evotrainer.loop.planted import planted_leak_scenario
+    from evotrainer.testing.planted import planted_leak_scenario
 
     src = planted_leak_scenario()["honest"]
     dst = tmp_path / "tampered"

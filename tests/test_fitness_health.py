@@ -15,7 +15,7 @@ from evotrainer.fitness.cache import write_version
 from evotrainer.cli.fitness import register
 from evotrainer.fitness.engine_metrics import outcome_flow
 from evotrainer.fitness.health import SEVERITY_RANK, health_report
-from evotrainer.loop.planted import planted_leak_scenario
+from evotrainer.testing.planted import planted_leak_scenario
 from evotrainer.records.rollout import Rollout, group_rollouts
 
 

@@ -15,7 +15,7 @@ What each test proves, honestly:
   every held-out verdict re-verifies against the engine's answers.
 * ``test_a_hand_written_diagnostic_fixture_is_credited`` — the gate's verdict becomes labelled history on
   which a validity hook that flags copied notes scores recall 1.0 / FPR 0.0, and the backtest accepts it.
-  The hook is a hand-written fixture (``loop/fixtures/leak_check_harness.py``), not an operator's child.
+  The hook is a hand-written fixture (``testing/fixtures/leak_check_harness.py``), not an operator's child.
 * ``test_a_diagnostic_an_operator_wrote_is_credited`` — the same credit for a validity hook that the
   ``llm_rewrite`` operator wrote: the leaky branch's genome and evidence (its health report and the
   diagnostic gap its gate recorded) go over HTTP to an OpenAI-compatible server started in the test,
@@ -34,7 +34,7 @@ from evotrainer.fitness.backtest import backtest
 from evotrainer.fitness.cache import CachedVersion
 from evotrainer.fitness.gates import gate
 from evotrainer.fitness.labels import LabelStore
-from evotrainer.loop.planted import FORMAT_ONLY, LEAK_CHECK, planted_leak_scenario
+from evotrainer.testing.planted import FORMAT_ONLY, LEAK_CHECK, planted_leak_scenario
 from evotrainer.genome.program import HarnessProgram
 
 

@@ -186,7 +186,7 @@ def test_inspection_commands_write_nothing(tmp_path, capsys):
 
 
 def test_gate_without_record_leaves_the_labels_alone(tmp_path):
-    from evotrainer.loop.planted import build_scenario
+    from evotrainer.testing.planted import build_scenario
 
     dirs = build_scenario(tmp_path / "planted")
     labels = Path(dirs["leaky"]).parent / "labels.json"

@@ -1,5 +1,5 @@
 """The SWE git-history leak end to end, with scripted policies through ``run_episode`` in the real
-tool environment and the real SWE grader (``loop/swe_planted.py``): the cheater earns more training
+tool environment and the real SWE grader (``testing/swe_planted.py``): the cheater earns more training
 reward, the held-out repositories (no history) show the gap, the engine's leak check blocks it and
 labels the history, the evolved history-command validity hook marks the cheater invalid and not the
 honest branch, it is credited on that labelled history (recall, false positives, backtest), and the
@@ -18,7 +18,7 @@ from evotrainer.fitness.gates import gate
 from evotrainer.fitness.health import health_report
 from evotrainer.fitness.labels import LabelStore, score_diagnostics
 from evotrainer.genome.harness import Harness
-from evotrainer.loop.swe_planted import build_swe_leak_scenario, swe_reference_program
+from evotrainer.testing.swe_planted import build_swe_leak_scenario, swe_reference_program
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.library import LibraryOperator, applicable_entries, default_entries
 from evotrainer.records.rollout import group_rollouts

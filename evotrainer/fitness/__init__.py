@@ -14,7 +14,7 @@
     paired_stats.py    paired per-task deltas, bootstrap CI, decide_promotion
     hypothesis.py      judge_effect: an intervention's claim confirmed, refuted or untestable
 
-The planted-leak scenario is ``loop/planted.py``; the `report`, `backtest` and `gate` commands are
+The planted-leak scenario is ``testing/planted.py``; the `report`, `backtest` and `gate` commands are
 ``cli/fitness.py``.
 
 Import the submodules directly; this package imports nothing so that the CLI starts fast.

@@ -12,7 +12,7 @@ Rewards and advantages are the genome's own (its hooks, as the trainer calls the
 policies are deterministic, so each task's episode is run once per branch and repeated for every
 generation and step: a sampled policy's rollouts would differ, these say exactly what the
 diagnostics must see. No weights are trained: what a policy that *learned* the shortcut leaves in its
-cache is what the engine and the diagnostics judge (as ``loop/planted.py`` builds its ``leaky`` branch).
+cache is what the engine and the diagnostics judge (as ``testing/planted.py`` builds its ``leaky`` branch).
 """
 
 from __future__ import annotations
