@@ -3,6 +3,7 @@ and resume after kill -9 at several points (real subprocesses, real MLflow, real
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -162,6 +163,14 @@ def test_human_gate_pauses_until_approve_or_reject(tmp_path):
     assert load_state(run_dir).next_id == state.next_id and load_state(run_dir).status == "finished"
 
 
+def wait_for_file(path, proc, deadline):
+    """Returns once ``path`` exists; fails if ``proc`` exits first or the deadline passes."""
+    while not path.exists():
+        assert proc.poll() is None, f"the run exited ({proc.returncode}) before writing {path}"
+        assert time.time() < deadline, f"{path} not written in time"
+        time.sleep(0.01)
+
+
 @pytest.mark.slow
 def test_resume_after_kill_9_at_several_points(tmp_path):
     run_dir = tmp_path / "run"
@@ -169,12 +178,16 @@ def test_resume_after_kill_9_at_several_points(tmp_path):
     path.write_text(yaml.safe_dump(tiny_cfg(run_dir)))
     cli = [sys.executable, "-m", "evotrainer.cli.app"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    # Each kill lands at a different stage: mid-training, mid-verification, mid-proposal, mid-gate.
-    # (Version ids depend on how many ties live on, so the markers name stages, not ids.)
-    markers = ["gen 1: training v", "gen 1: verifying v", "proposed v", "gen 2: verifying v"]
+    # Each kill lands at a different point: mid-training, mid-verification, after a proposal, and
+    # mid-verification a generation later.
+    # (Version ids depend on how many ties live on, so the markers name stages; the version the line
+    # names must then have written the stage's file, so the kill lands after the stage did work on it,
+    # not at its first line, however fast or slow the machine.)
+    points = [("gen 1: training v", "steps.jsonl"), ("gen 1: verifying v", "rollouts/heldout.jsonl"),
+              ("proposed v", "intervention.json"), ("gen 2: verifying v", "rollouts/heldout.jsonl")]
     args = cli + ["run", str(path)]
     killed = 0
-    for marker in markers:
+    for marker, stage_file in points:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
         deadline = time.time() + 300
@@ -182,14 +195,15 @@ def test_resume_after_kill_9_at_several_points(tmp_path):
         for line in proc.stdout:
             if marker in line:
                 seen = True
-                time.sleep(0.5)  # land inside the stage, not at its first line
+                vid = "v" + re.search(re.escape(marker) + r"(\d+)", line).group(1)
+                wait_for_file(run_dir / "versions" / vid / stage_file, proc, deadline)
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
             assert time.time() < deadline
         proc.wait()
         killed += seen
         args = cli + ["resume", str(run_dir)]
-    assert killed == len(markers), f"killed at {killed} of {len(markers)} points"
+    assert killed == len(points), f"killed at {killed} of {len(points)} points"
     done = subprocess.run(cli + ["resume", str(run_dir)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     state, metas = check_invariants(run_dir)

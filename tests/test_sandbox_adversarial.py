@@ -410,6 +410,8 @@ def test_monkeypatching_does_not_leak_into_later_calls_or_the_engine():
 
 
 def test_timers_and_signal_handlers_do_not_outlive_the_call(tmp_path):
+    """The worker's state is read, not waited on: a timer still pending after the call (the kernel's
+    ``getitimer``) or the harness's handler still installed fails the test whenever the next call comes."""
     marker = tmp_path / "alarm-ran"
     with hostile(f"""
         def reward(rollouts, tasks):
@@ -418,15 +420,17 @@ def test_timers_and_signal_handlers_do_not_outlive_the_call(tmp_path):
                 def later(*a):  # would run while the worker idles, with the audit hook off
                     _os()["system"]("touch {marker}")
                 sig.signal(sig.SIGALRM, later)
-                sig.setitimer(sig.ITIMER_REAL, 0.2)
+                sig.setitimer(sig.ITIMER_REAL, 60.0)
                 sig.signal(sig.SIGXCPU, sig.SIG_IGN)
-            return [float(sig.getsignal(sig.SIGXCPU) == sig.SIG_DFL)] * len(rollouts)
+            state = {{"xcpu_default": sig.getsignal(sig.SIGXCPU) == sig.SIG_DFL,
+                     "timer_pending": sig.getitimer(sig.ITIMER_REAL)[0] > 0,
+                     "alarm_is_ours": getattr(sig.getsignal(sig.SIGALRM), "__name__", "") == "later"}}
+            return [float(sum(v << i for i, v in enumerate(state.values())))] * len(rollouts)
         """) as sb:
-        assert sb.call("reward", [dict(RDS[0], arm=True)], TASKS[:1]) == [0.0]
-        import time
-
-        time.sleep(0.5)
-        assert sb.call("reward", RDS, TASKS) == [1.0] * N  # handlers were restored
+        # Within the arming call all three took effect: SIGXCPU ignored (0), a timer pending (2), ours (4).
+        assert sb.call("reward", [dict(RDS[0], arm=True)], TASKS[:1]) == [6.0]
+        # The next call finds SIGXCPU's default back, no timer left and the old SIGALRM handler.
+        assert sb.call("reward", RDS, TASKS) == [1.0] * N
     assert not marker.exists()
 
 
