@@ -16,7 +16,8 @@ from evotrainer.cli.app import main
 from evotrainer.config import parse_config
 from evotrainer.genome.program import reference_program
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.rerun import RERUN_FILE, compare_versions, starting_weights
+from evotrainer.loop.rerun import RERUN_FILE, starting_weights
+from evotrainer.loop.version_compare import compare_versions
 from evotrainer.records.version import VersionDir
 from tests.test_experiment import mlflow_runs, tiny_cfg
 
