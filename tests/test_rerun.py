@@ -162,6 +162,30 @@ def test_compare_versions_holds_discrete_quantities_exact_and_floats_within_tole
     assert rows["train rewards"].verdict == "exact"
 
 
+def test_evotrainer_train_trains_a_branch_as_the_loop_trained_its_seed(run, tmp_path):
+    """`evotrainer train` runs the loop's own training of a version (BranchTraining): with the run's
+    config and as many steps, the branch it writes is the run's seed version v0000 again."""
+    from evotrainer.loop.train_branch import train_branch
+
+    cfg = parse_config(json.loads((run / "config.json").read_text()))
+    cfg = cfg.model_copy(update={"run_dir": str(tmp_path / "alone")})
+    cfg.train.steps = cfg.evolution.steps_per_generation
+    said = []
+    result = train_branch(cfg, on_step=lambda m: said.append(m["step"]))
+    seed, alone = VersionDir(run / "versions" / "v0000"), VersionDir(result.version_dir)
+    assert said == [0, 1] and [s["step"] for s in result.steps] == [s["step"] for s in alone.steps()] == [0, 1]
+    assert all(s["grad_norm"] > 0 for s in alone.steps()), "the steps trained (the comparison is not of no-ops)"
+    assert alone.meta().genome_hash == seed.meta().genome_hash and alone.meta().parents == ["base"]
+    rows = {c.name: c for c in compare_versions(seed, alone)}
+    trained = [n for n in rows if n.startswith(("train ", "training steps", "step metric", "adapter", "optimizer"))]
+    assert {"train completions (token ids)", "step metric loss", "adapter weights", "optimizer state"} <= set(trained)
+    assert {n: rows[n].verdict for n in trained} == {n: "exact" for n in trained}
+    # Held out: all of train's eval tasks, before and after (the loop splits them into gate and selection draws).
+    assert len(alone.rollouts("heldout")) == len(alone.rollouts("heldout_base")) == \
+        len(seed.rollouts("heldout")) + len(seed.rollouts("selection"))
+    assert not (result.version_dir / ".partial").exists()
+
+
 def test_a_parent_adapter_written_after_the_child_was_created_is_not_trusted(run, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("reruns"))

@@ -35,14 +35,10 @@ from typing import Any, Callable
 import torch
 
 from evotrainer.config import parse_config
-from evotrainer.loop.budgets import Budgets
-from evotrainer.loop.progress import NullProgress
-from evotrainer.loop.runtime import Runtime
-from evotrainer.loop.training import train_versions, verify_versions
+from evotrainer.loop.training import StandaloneContext, train_versions, verify_versions
 from evotrainer.loop.version_compare import ATOL, RTOL, Comparison, compare_versions
 from evotrainer.records import run_dir as rundir
 from evotrainer.records.run_dir import RunDirError
-from evotrainer.records.run_state import RunState
 from evotrainer.records.version import BranchVersion, VersionDir, read_json, write_atomic
 from evotrainer.tracking.lineage import TAG, LineageTracker
 from evotrainer.tracking.view import NOTE, local_experiment_id
@@ -88,21 +84,6 @@ class RerunError(RuntimeError):
     """A version that trained in its run failed when trained again (its harness, most often)."""
 
 
-class _RerunContext:
-    """What the train and verify stages use of an ``Experiment`` (as ``BranchWorker`` does): the
-    rerun's version lives in the rerun's directory, every other version (the parent) is read from
-    the original run, which nothing here writes."""
-
-    def __init__(self, cfg, run_dir: Path, out_dir: Path, vid: str, say: Callable[[str], None]):
-        self.cfg, self.run_dir, self.out_dir, self.vid, self.say = cfg, run_dir, out_dir, vid, say
-        self.budgets = Budgets(cfg, RunState())   # a scratch ledger, never saved
-        self.runtime = Runtime(cfg, self.budgets)
-        self.progress = NullProgress()
-
-    def vdir(self, vid: str) -> VersionDir:
-        return VersionDir((self.out_dir if vid == self.vid else self.run_dir) / "versions" / vid)
-
-
 def rerun_version(run_dir: str | Path, version_id: str, out_dir: str | Path | None = None,
                   say: Callable[[str], None] = lambda msg: None, tracking_uri: str | None = None) -> RerunResult:
     """Trains version ``version_id`` of the run in ``run_dir`` again into a new directory and
@@ -120,7 +101,10 @@ def rerun_version(run_dir: str | Path, version_id: str, out_dir: str | Path | No
     cfg = cfg.model_copy(update={"run_dir": str(out)})   # nothing below may write under the original
     with rundir.acquire(out, "evotrainer rerun"):
         _prepare(run_dir / "versions" / version_id, out / "versions" / version_id, recorded)
-        ctx = _RerunContext(cfg, run_dir, out, version_id, say)
+        # The rerun's version lives in the rerun's directory; every other version (the parent) is read
+        # from the original run, which nothing here writes.
+        ctx = StandaloneContext(cfg, say=say, vdir=lambda vid: VersionDir(
+            (out if vid == version_id else run_dir) / "versions" / vid))
         say(f"training {version_id} again: {cfg.evolution.steps_per_generation} steps from {start['source']}")
         if not train_versions(ctx, [version_id]):
             why = "; ".join((ctx.vdir(version_id).meta().decision or {}).get("reasons", [])) or "unknown"

@@ -12,25 +12,30 @@ import contextlib
 import pickle
 import shutil
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from evotrainer.config import Config
 from evotrainer.fitness.health import health_report
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
+from evotrainer.loop.budgets import Budgets
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.merging import start_adapter
+from evotrainer.loop.progress import NullProgress
+from evotrainer.loop.runtime import Runtime
 from evotrainer.policy.collect import CollectJob, collect_many, default_prompt, prompt_fn, shares_batches, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.episodes import sampled_token_budget
 from evotrainer.policy.grpo import GRPOTrainer
 from evotrainer.policy.train_step import grpo_config, step_params, train_step
 from evotrainer.records.run_dir import RunDirError
+from evotrainer.records.run_state import RunState
 from evotrainer.records.scores import heldout_accuracy
-from evotrainer.records.version import write_atomic
+from evotrainer.records.version import VersionDir, write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -45,7 +50,9 @@ class BranchTraining:
     ``bt.start_from_parent()`` copies the parent's adapter afresh; ``with BranchTraining(exp, vid) as bt:``
     then opens the harness and the trainer; ``bt.job(i)`` is what
     to sample at step i (its tasks, asked as the harness asks), ``bt.learn(i, tasks, sampled)`` runs
-    the step on those rollouts and ``bt.finish()`` saves the adapter.
+    the step on those rollouts (``bt.step(i)`` does both for a version that trains alone) and
+    ``bt.finish()`` saves the adapter. Outside a loop run, a :class:`StandaloneContext` stands in for
+    the experiment (``loop/train_branch.py``, ``loop/rerun.py``).
     A harness that fails at run time raises :data:`HARNESS_FAILURES`; ``bt.reject(e)`` records it.
     """
 
@@ -134,8 +141,9 @@ class BranchTraining:
         params = step_params(self.trainer.cfg, cfg.seed, step)
         return CollectJob(tasks, self.trainer.cfg.num_generations, params, self.vid, ask, step)
 
-    def learn(self, i: int, tasks: list, sampled: tuple[list, float]) -> None:
-        """Step i's GRPO update on its rollouts (sampled for :meth:`job`) and their generation seconds."""
+    def learn(self, i: int, tasks: list, sampled: tuple[list, float]) -> dict[str, float]:
+        """Step i's GRPO update on its rollouts (sampled for :meth:`job`) and their generation seconds.
+        Returns the step's metrics (also appended to the version's ``steps.jsonl``)."""
         rt = self.exp.runtime
         step_rollouts, metrics = train_step(rt.policy, rt.engine, self.trainer, self.harness, rt.domain, tasks,
                                             self.vid, self.step_number(i), self.exp.cfg.seed, sampled=sampled)
@@ -143,6 +151,14 @@ class BranchTraining:
         self.vd.append_step(metrics)
         self.exp.budgets.spend(train_steps=1, rollout_tokens=sum(r.num_tokens for r in step_rollouts),
                                gen_seconds=metrics["gen_seconds"], train_seconds=metrics["train_seconds"])
+        return metrics
+
+    def step(self, i: int) -> dict[str, float]:
+        """Step i of a version that trains alone: sample its :meth:`job`, then :meth:`learn` from it."""
+        job = self.job(i)
+        t0 = time.perf_counter()
+        [rollouts] = collect_many(self.exp.runtime.engine, self.exp.runtime.domain, [job])
+        return self.learn(i, job.tasks, sampled=(rollouts, time.perf_counter() - t0))
 
     def reject(self, e: Exception) -> None:
         """The harness failed at run time: the engine records it and carries on with the others."""
@@ -171,6 +187,19 @@ class BranchTraining:
         meta.status = "trained"
         vd.save_meta(meta)
         # The adapter stays loaded: verification comes next and would otherwise read it back from disk.
+
+
+class StandaloneContext:
+    """What the train and verify stages use of an :class:`Experiment`, for a version trained outside a
+    loop run (``evotrainer train``, ``evotrainer rerun``): the run's config and messages, a scratch
+    budget ledger that is never saved, a :class:`Runtime` of its own, no progress display.
+    ``vdir(vid)`` says where each version's directory is."""
+
+    def __init__(self, cfg: Config, vdir: Callable[[str], VersionDir], say: Callable[[str], None]) -> None:
+        self.cfg, self.vdir, self.say = cfg, vdir, say
+        self.budgets = Budgets(cfg, RunState())
+        self.runtime = Runtime(cfg, self.budgets)
+        self.progress = NullProgress()
 
 
 # What a harness can cause at run time. Not ValueError at large: the engine's own ValueErrors (an
