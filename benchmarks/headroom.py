@@ -164,11 +164,11 @@ def score_test(cfg, domain, engine, policy, adapter, prompt) -> dict:
 def episode_scores(rollouts) -> dict[str, dict[str, float]]:
     """Per test task (greedy, one episode each): resolved, the share of its calls the environment
     accepted, whether it edited a file, ran the tests, made any of that progress."""
-    from evotrainer.fitness.episodes import _calls, edited, progress, ran_tests, resolved, valid_calls
+    from evotrainer.fitness.episodes import edited, episode_calls, progress, ran_tests, resolved, valid_calls
 
     out: dict[str, dict[str, float]] = {k: {} for k in EPISODE_RATES}
     for r in rollouts:
-        calls = len(_calls(r))
+        calls = len(episode_calls(r))
         for k, v in (("resolved", resolved(r)), ("valid_call_rate", valid_calls(r) / calls if calls else 0.0),
                      ("edited", edited(r)), ("ran_tests", ran_tests(r)), ("progress", progress(r))):
             out[k][r.task_id] = float(v)

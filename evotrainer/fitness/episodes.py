@@ -20,21 +20,24 @@ def is_episode(r: Rollout) -> bool:
     return bool(r.turn_log) or bool(r.tool_calls)
 
 
-def _calls(r: Rollout) -> list[dict[str, Any]]:
+def episode_calls(r: Rollout) -> list[dict[str, Any]]:
+    """The calls an episode made, one record per turn as the environment wrote it (``name``, ``args``,
+    and ``error``, None when the environment accepted the call). An entry that is not such a record
+    (a rollout file written by hand or by another tool) is left out, so it counts as no call."""
     return [c for c in (r.tool_calls or []) if isinstance(c, dict)]
 
 
 def valid_calls(r: Rollout) -> int:
     """Calls the environment accepted (a known tool with arguments it took)."""
-    return sum(1 for c in _calls(r) if c.get("name") and c.get("error") is None)
+    return sum(1 for c in episode_calls(r) if c.get("name") and c.get("error") is None)
 
 
 def edited(r: Rollout) -> bool:
-    return any(c.get("name") == "edit" and c.get("error") is None for c in _calls(r))
+    return any(c.get("name") == "edit" and c.get("error") is None for c in episode_calls(r))
 
 
 def ran_tests(r: Rollout) -> bool:
-    return any(c.get("name") == "run_tests" for c in _calls(r))
+    return any(c.get("name") == "run_tests" for c in episode_calls(r))
 
 
 def resolved(r: Rollout) -> bool:
@@ -50,7 +53,7 @@ def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | N
     eps = [r for r in rollouts if is_episode(r)]
     if not eps:
         return {}
-    calls = sum(len(_calls(r)) for r in eps)
+    calls = sum(len(episode_calls(r)) for r in eps)
     return {f"{prefix}valid_call_rate": sum(valid_calls(r) for r in eps) / calls if calls else 0.0,
             f"{prefix}edit_rate": mean([edited(r) for r in eps]),
             f"{prefix}test_run_rate": mean([ran_tests(r) for r in eps]),
