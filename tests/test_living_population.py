@@ -128,7 +128,7 @@ def test_the_gate_records_what_each_side_spent(run):
         assert child["train_tokens"] == sum(r.num_tokens for r in run.vdir(m.id).rollouts("train")) > 0
         held = run.vdir(m.id).rollouts("heldout") + run.vdir(m.id).rollouts("selection")   # both draws
         assert child["heldout_rollouts"] == len(held) == len(run.runtime.heldout_tasks) * len(run.cfg.train.eval_seeds)
-        ctl = run.vdir(control_of(run, m))
+        ctl = run.vdir(control_of(run.run_versions, m))
         assert spend["control"] == spend_of(ctl)
         assert spend["train_rollouts_ratio"] == pytest.approx(
             m.knobs["num_generations"] / ctl.meta().knobs["num_generations"])
@@ -162,10 +162,10 @@ def test_a_child_whose_control_failed_is_gated_against_the_parent(run, tmp_path)
     shutil.copytree(run.run_dir, copy, ignore=shutil.ignore_patterns(".evotrainer.lock"))
     exp = Experiment.resume(copy, readonly=True)
     child = next(m for m in (exp.vdir(v).meta() for v in exp.versions())
-                 if m.operator and m.parents and control_of(exp, m) != m.parents[0])
-    sibling = control_of(exp, child)
+                 if m.operator and m.parents and control_of(exp.run_versions, m) != m.parents[0])
+    sibling = control_of(exp.run_versions, child)
     assert gate(exp.vdir(child.id).path, exp.vdir(sibling).path, gate_config(exp.cfg)).paired   # paired as usual
     shutil.rmtree(exp.vdir(sibling).path / "rollouts")   # the continuation failed before it was verified
-    assert control_of(exp, child) == child.parents[0]
+    assert control_of(exp.run_versions, child) == child.parents[0]
     decision = gate(exp.vdir(child.id).path, exp.vdir(child.parents[0]).path, gate_config(exp.cfg))
     assert decision.paired and not any("same tasks" in r for r in decision.reasons), decision.reasons

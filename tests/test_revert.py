@@ -9,6 +9,7 @@ from evotrainer.loop import crash
 from evotrainer.loop.versions import new_version
 from evotrainer.records.version import BranchVersion
 from evotrainer.config import parse_config
+from evotrainer.fitness.gate_config import gate_config
 from evotrainer.loop.experiment import Experiment
 from evotrainer.genome.program import reference_program
 from evotrainer.records.rollout import Rollout
@@ -55,12 +56,13 @@ def lineage(tmp_path, **evolution):
 
 def test_a_clear_regression_reverts_to_the_best_ancestor_and_noise_does_not(tmp_path):
     exp = lineage(tmp_path)
-    aid, decision = revert_target(exp, "v0002")
+    aid, decision = revert_target(exp.run_versions, "v0002", gate_config(exp.cfg))
     # v0000 and v0001 score alike: the nearest of the best ancestors keeps the most training.
     assert aid == "v0001" and decision.promote and decision.mean_delta > 0.5
-    assert revert_target(exp, "v0003") is None
+    assert revert_target(exp.run_versions, "v0003", gate_config(exp.cfg)) is None
 
-    assert revert_regressed(exp, ["v0002", "v0003"], 2) == ["v0001", "v0003"]
+    assert revert_regressed(exp.run_versions, ["v0002", "v0003"], 2, gate_config(exp.cfg),
+                            exp.state.history) == ["v0001", "v0003"]
     meta = exp.vdir("v0002").meta()
     assert meta.decision["reverted_to"] == "v0001" and "CI lower bound" in meta.decision["revert_reason"]
     assert exp.state.history[-1]["outcome"] == "reverted" and exp.state.history[-1]["to"] == "v0001"
@@ -160,10 +162,10 @@ def test_an_ancestor_best_only_on_the_selection_draw_is_not_reverted_to(tmp_path
     make_version(exp, "v0000", [], 0, n_correct=8, n_selection=22)
     make_version(exp, "v0001", ["v0000"], 1, n_correct=8, n_selection=8)
     make_version(exp, "v0002", ["v0001"], 2, n_correct=8, n_selection=6)
-    assert revert_target(exp, "v0002") is None
+    assert revert_target(exp.run_versions, "v0002", gate_config(exp.cfg)) is None
     # The same ancestor, clearly better on the gate draw too: reverted to.
     make_version(exp, "v0000", [], 0, n_correct=22, n_selection=22)
-    aid, decision = revert_target(exp, "v0002")
+    aid, decision = revert_target(exp.run_versions, "v0002", gate_config(exp.cfg))
     assert aid == "v0000" and decision.n_tasks == N_TASKS and decision.mean_delta > 0.5
 
 

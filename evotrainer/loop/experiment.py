@@ -20,6 +20,7 @@ from typing import Callable
 from rich.console import Console
 
 from evotrainer.config import Config, parse_config
+from evotrainer.fitness.gate_config import gate_config
 from evotrainer.fitness.labels import LabelStore
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.budgets import BudgetReached, Budgets
@@ -29,11 +30,12 @@ from evotrainer.loop.executor import Executor, build_executor
 from evotrainer.loop.exploit import exploration_overruns
 from evotrainer.loop.final_pick import report_test
 from evotrainer.loop import human_gate
-from evotrainer.loop.gating import gate_version
+from evotrainer.loop.gating import GateInputs, gate_version
 from evotrainer.loop.operator_mix import operator_mix
 from evotrainer.loop.progress import NullProgress
 from evotrainer.loop.proposals import propose_children
 from evotrainer.loop.revert import apply_revert, plan_reverts
+from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.runtime import Runtime
 from evotrainer.loop.selection import Candidate, survivors as select_survivors
 from evotrainer.loop.skills import SkillLibrary
@@ -57,6 +59,7 @@ class Experiment:
         self.cfg = cfg
         self.progress = progress or NullProgress()
         self.run_dir = Path(run_dir or cfg.run_dir)
+        self.run_versions = RunVersions(self.run_dir / "versions")   # what the stages look versions up in
         self.on_event = on_event or (lambda msg: None)
         self.readonly = readonly
         self._lock = None
@@ -156,7 +159,7 @@ class Experiment:
             self.progress.stage(f"gen {g} gate", len(s.live))
             for vid in s.live:
                 hold = human_gate.holds_completion(self, vid)
-                gate_version(self, vid, finish=not hold)
+                gate_version(self.gate_inputs(), vid, finish=not hold)
                 if hold:
                     human_gate.open_decision(self, vid, "completion", g)
                 self.record(vid)
@@ -199,7 +202,7 @@ class Experiment:
             survivors = self.narrow_to_exploit(g, cands, survivors)
             reverts: list[dict] = []
             if self.cfg.evolution.revert:
-                survivors, reverts = plan_reverts(self, survivors, g)
+                survivors, reverts = plan_reverts(self.run_versions, survivors, g, gate_config(self.cfg), self.say)
             note_selection(self, g, survivors)
             plan = {"generation": g, "survivors": survivors, "reverts": reverts,
                     "prune": [c.version_id for c in cands if c.version_id not in survivors]}
@@ -208,7 +211,7 @@ class Experiment:
             self.save()
             crash_point("select:planned")
         for r in plan["reverts"]:
-            apply_revert(self, r)
+            apply_revert(self.run_versions, r)
             self.say(f"gen {g}: {r['parent']} regressed from {r['to']}; reverting to it ({r['reason'][:80]})")
         for vid in plan["prune"]:
             if self.vdir(vid).meta().status != "pruned":
@@ -276,14 +279,19 @@ class Experiment:
             self.__dict__.pop("executor").close()
 
     def vdir(self, vid: str) -> VersionDir:
-        return VersionDir(self.run_dir / "versions" / vid)
+        return self.run_versions.vdir(vid)
 
     def versions(self) -> list[str]:
-        root = self.run_dir / "versions"
-        return sorted(p.name for p in root.iterdir() if (p / "meta.json").is_file()) if root.is_dir() else []
+        return self.run_versions.ids()
 
     def generation_versions(self, generation: int) -> list[str]:
-        return [v for v in self.versions() if self.vdir(v).meta().generation == generation]
+        return self.run_versions.of_generation(generation)
+
+    def gate_inputs(self) -> GateInputs:
+        """What the gate stage reads and changes of this run (``loop/gating.py``)."""
+        return GateInputs(self.run_versions, gate_config(self.cfg), self.cfg.evolution.keep_ties, self.cfg.domain.name,
+                          self.state.history, self.skills, labels=self.labels,
+                          mix=self.mix if self.mix_loaded else None, timed=self.budgets.timed, say=self.say)
 
     def candidates(self, vids: list[str]) -> list[Candidate]:
         out = []

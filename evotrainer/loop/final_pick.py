@@ -12,28 +12,34 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from evotrainer.domains.task import Task
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
-from evotrainer.loop.start import START, scored_start, start_test, start_wins_pick
+from evotrainer.loop.run_versions import RunVersions
+from evotrainer.loop.start import START, scored_start, start_test
 from evotrainer.policy.collect import prompt_fn, verify
+from evotrainer.records.rollout import Rollout
 from evotrainer.records.scores import heldout_accuracy
+from evotrainer.records.version import VersionDir
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
+    from evotrainer.loop.runtime import Runtime
 
 TEST = "test"   # the version's rollout file of its test-split verification
 
 
-def final_pick(exp: Experiment) -> str | None:
+def final_pick(versions: RunVersions, survivors: list[str], start_selection: float | None) -> str | None:
     """The survivor with the best selection-draw score (then the lower cost, then the id); the start
-    when that score is below the untrained model's (or no survivor has one); None without either."""
-    metas = [exp.vdir(v).meta() for v in exp.state.survivors if exp.vdir(v).path.is_dir()]
+    when that score is below the untrained model's ``start_selection`` (or no survivor has one); None
+    without either (``start_selection`` is None when the start has no selection score)."""
+    metas = [versions.vdir(v).meta() for v in survivors if versions.vdir(v).path.is_dir()]
     scored = [m for m in metas if not m.is_invalid and m.metrics.get("selection_accuracy") is not None]
     best = min(scored, key=lambda m: (-m.metrics["selection_accuracy"], m.metrics.get("cost", 0.0), m.id),
                default=None)
-    if start_wins_pick(exp, best.metrics["selection_accuracy"] if best else None):
+    if start_selection is not None and (best is None or best.metrics["selection_accuracy"] < start_selection):
         return START
     return best.id if best else None
 
@@ -41,43 +47,37 @@ def final_pick(exp: Experiment) -> str | None:
 def report_test(exp: Experiment) -> dict | None:
     """Verifies the final pick on the test split (once: a resumed finish reuses the stored rollouts),
     records ``test_accuracy`` in its meta (and so in its MLflow run) and the pick in the run state."""
-    vid = final_pick(exp)
+    final, line = _test_report(exp)
+    exp.state.final = final
+    exp.say(line)
+    return final
+
+
+def _test_report(exp: Experiment) -> tuple[dict | None, str]:
+    """(the run state's ``final`` record, the line that tells it)."""
+    start = exp.state.start if scored_start(exp) else None
+    vid = final_pick(exp.run_versions, exp.state.survivors, start["selection_accuracy"] if start else None)
     if vid is None:
-        exp.say("no final pick: no valid survivor with a selection score; the test split is not reported")
-        exp.state.final = None
-        return None
+        return None, "no final pick: no valid survivor with a selection score; the test split is not reported"
     tasks = exp.runtime.test_tasks
     if not tasks:
-        exp.say(f"final pick {vid}: the domain has no test tasks (domain.n_test / domain.files); no test score")
-        exp.state.final = {"version": vid, "error": "no test tasks"}
-        return exp.state.final
-    base = start_test(exp) if scored_start(exp) else []
+        return ({"version": vid, "error": "no test tasks"},
+                f"final pick {vid}: the domain has no test tasks (domain.n_test / domain.files); no test score")
+    base = start_test(exp) if start else []
     base_acc = heldout_accuracy(base) if base else None
     if vid == START:
-        final = {"version": START, "test_accuracy": base_acc, "test_tasks": len(tasks), "test_rollouts": len(base),
-                 "selection_accuracy": exp.state.start["selection_accuracy"],
-                 "gate_heldout_accuracy": exp.state.start["heldout_accuracy"], "start_test_accuracy": base_acc}
-        exp.state.final = final
-        exp.say(f"final pick: the untrained model (no trained version ranks above it on the selection draw), test "
+        return ({"version": START, "test_accuracy": base_acc, "test_tasks": len(tasks), "test_rollouts": len(base),
+                 "selection_accuracy": start["selection_accuracy"], "gate_heldout_accuracy": start["heldout_accuracy"],
+                 "start_test_accuracy": base_acc},
+                f"final pick: the untrained model (no trained version ranks above it on the selection draw), test "
                 f"accuracy {base_acc:.3f} on {len(tasks)} test task(s): training made the policy worse")
-        return final
     vd = exp.vdir(vid)
     rollouts = vd.rollouts(TEST)
     if not rollouts:
-        tc = exp.cfg.train
-        exp.runtime.load_adapter(vid, vd.adapter_dir)
-        program = HarnessProgram(vd.genome_source(), name=f"{vid}/genome.py")
-        try:
-            with Harness(program, sandbox=exp.cfg.sandbox) as harness:   # asked as it was trained and verified
-                # Greedy, whatever held-out verification samples: the test score is the figure users report.
-                rollouts = verify(exp.runtime.engine, exp.runtime.domain, tasks, vid,
-                                  max_new_tokens=tc.eval_max_new_tokens, prompt=prompt_fn(harness))
-        except (SandboxError, GenomeError, ValueError) as e:
-            exp.say(f"final pick {vid}: test-split verification failed ({e}); no test score reported")
-            exp.state.final = {"version": vid, "error": str(e)}
-            return exp.state.final
-        finally:
-            exp.runtime.unload_adapter(vid)
+        rollouts, error = rollouts_on_test(exp.runtime, vd, vid, tasks, exp.cfg.sandbox, exp.cfg.train.eval_max_new_tokens)
+        if error is not None:
+            return ({"version": vid, "error": error},
+                    f"final pick {vid}: test-split verification failed ({error}); no test score reported")
         exp.budgets.spend(rollout_tokens=sum(r.num_tokens for r in rollouts))   # timed by the caller as test
         vd.save_rollouts(TEST, rollouts)
     meta = vd.meta()
@@ -86,8 +86,23 @@ def report_test(exp: Experiment) -> dict | None:
     final = {"version": vid, "test_accuracy": meta.metrics["test_accuracy"], "test_tasks": len(tasks),
              "test_rollouts": len(rollouts), "selection_accuracy": meta.metrics.get("selection_accuracy"),
              "gate_heldout_accuracy": meta.metrics.get("heldout_accuracy"), "start_test_accuracy": base_acc}
-    exp.state.final = final
-    exp.say(f"final pick {vid}: test accuracy {final['test_accuracy']:.3f} on {len(tasks)} test task(s) "
-            f"(selection draw {final['selection_accuracy']:.3f}, gate draw {final['gate_heldout_accuracy'] or 0:.3f})"
-            + (f"; the untrained model scores {base_acc:.3f}" if base_acc is not None else ""))
-    return final
+    return final, (f"final pick {vid}: test accuracy {final['test_accuracy']:.3f} on {len(tasks)} test task(s) "
+                   f"(selection draw {final['selection_accuracy']:.3f}, gate draw {final['gate_heldout_accuracy'] or 0:.3f})"
+                   + (f"; the untrained model scores {base_acc:.3f}" if base_acc is not None else ""))
+
+
+def rollouts_on_test(runtime: Runtime, vd: VersionDir, vid: str, tasks: list[Task], sandbox: bool,
+                  max_new_tokens: int) -> tuple[list[Rollout], str | None]:
+    """(the version's rollouts on the test tasks, None), asked through its own harness as it was
+    trained and verified; ([], why) when its harness could not ask them."""
+    runtime.load_adapter(vid, vd.adapter_dir)
+    program = HarnessProgram(vd.genome_source(), name=f"{vid}/genome.py")
+    try:
+        with Harness(program, sandbox=sandbox) as harness:
+            # Greedy, whatever held-out verification samples: the test score is the figure users report.
+            return verify(runtime.engine, runtime.domain, tasks, vid, max_new_tokens=max_new_tokens,
+                          prompt=prompt_fn(harness)), None
+    except (SandboxError, GenomeError, ValueError) as e:
+        return [], str(e)
+    finally:
+        runtime.unload_adapter(vid)

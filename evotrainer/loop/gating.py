@@ -10,55 +10,79 @@ population rather than one lineage with short-lived children.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Callable, ContextManager
 
-from evotrainer.fitness.gate_config import gate_config
+from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.gates import gate
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.hypothesis import judge_effect
+from evotrainer.fitness.labels import LabelStore
 from evotrainer.loop.crash import crash_point
-from evotrainer.loop.skills import report_metrics
+from evotrainer.loop.run_versions import RunVersions
+from evotrainer.loop.skills import SkillLibrary
+from evotrainer.operators.registry import OperatorMix
+from evotrainer.operators.triggers import report_metrics
 from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
 
-if TYPE_CHECKING:
-    from evotrainer.loop.experiment import Experiment
+
+def _untimed(key: str) -> ContextManager[None]:
+    return contextlib.nullcontext()
 
 
-def control_of(exp: Experiment, meta: BranchVersion, say: bool = False) -> str | None:
+@dataclass(frozen=True)
+class GateInputs:
+    """What the gate stage reads and changes of a run, and nothing more: the experiment builds one at
+    its gate stage; a test builds one over version directories written by hand, without a model."""
+    versions: RunVersions
+    config: GateConfig
+    keep_ties: bool                 # evolution.keep_ties: a tie lives on as a branch of its own
+    domain: str                     # a confirmed skill records the domain it was confirmed on
+    history: list[dict]             # the run state's history: the gate fills in its children's outcomes
+    skills: SkillLibrary
+    labels: LabelStore | None = None   # where a validity gap (a check the harness missed) is recorded
+    mix: OperatorMix | None = None     # the operators when built in this process (their weights are current)
+    timed: Callable[[str], ContextManager[None]] = _untimed   # Budgets.timed: where the run's time went
+    say: Callable[[str], None] = lambda msg: None
+
+
+def control_of(versions: RunVersions, meta: BranchVersion, say: Callable[[str], None] | None = None) -> str | None:
     """The sibling that continued the child's parent under the parent's own harness this generation.
     When that continuation failed before it was verified (its harness or sandbox worker failed: it
     has no held-out scores), the parent itself, verified on the same tasks a generation earlier: the
-    child is then judged against where both started rather than rejected for its sibling's failure."""
-    for vid in exp.generation_versions(meta.generation):
-        other = exp.vdir(vid).meta()
+    child is then judged against where both started rather than rejected for its sibling's failure
+    (and ``say`` is told so)."""
+    for vid in versions.of_generation(meta.generation):
+        other = versions.vdir(vid).meta()
         if other.operator is None and other.parents == meta.parents[:1] and other.id != meta.id:
-            if exp.vdir(vid).rollouts_path("heldout").is_file():
+            if versions.vdir(vid).rollouts_path("heldout").is_file():
                 return vid
             if say:
-                exp.say(f"gen {meta.generation}: {meta.id}'s control {vid} has no held-out scores ({other.status}); "
-                        f"{meta.id} is gated against its parent {meta.parents[0]} instead")
+                say(f"gen {meta.generation}: {meta.id}'s control {vid} has no held-out scores ({other.status}); "
+                    f"{meta.id} is gated against its parent {meta.parents[0]} instead")
             break
     return meta.parents[0] if meta.parents else None
 
 
-def gate_version(exp: Experiment, vid: str, finish: bool = True) -> None:
+def gate_version(run: GateInputs, vid: str, finish: bool = True) -> None:
     """Validity first (engine checks + the harness's own), then paired statistics against the control.
     ``finish=False`` (a human gate at completion): the verdict is saved, its effects (history, skills,
     operator credit) wait for the person's decision and a later call."""
-    vd = exp.vdir(vid)
+    vd = run.versions.vdir(vid)
     meta = vd.meta()
     if meta.status != "verified":
         if finish and meta.operator is not None and "hypothesis" in (meta.decision or {}):   # gated, then a crash
-            finish_gate(exp, vd, meta, control_of(exp, meta))
+            finish_gate(run, vd, meta, control_of(run.versions, meta))
         return
-    gcfg = gate_config(exp.cfg)
     is_child = meta.operator is not None
-    control = control_of(exp, meta, say=True) if is_child else None
+    control = control_of(run.versions, meta, say=run.say) if is_child else None
+    control_dir = run.versions.vdir(control) if control else None
     health = vd.path / "health.json"   # written by verification: the gate judges that same report
     report = HealthReport.from_dict(json.loads(health.read_text())) if health.is_file() else None
-    with exp.budgets.timed("gate"):
-        decision = gate(vd.path, exp.vdir(control).path if control else None, gcfg, labels=exp.labels,
+    with run.timed("gate"):
+        decision = gate(vd.path, control_dir.path if control_dir else None, run.config, labels=run.labels,
                         report=report)
     human = (meta.decision or {}).get("human")   # a person's earlier decisions on it (loop/human_gate.py)
     meta.decision = decision.to_dict() | ({"human": human} if human else {})
@@ -67,19 +91,19 @@ def gate_version(exp: Experiment, vid: str, finish: bool = True) -> None:
     if not decision.valid:
         meta.status = "invalid"
     elif is_child:
-        meta.status = "promoted" if decision.promote else child_outcome(decision.paired, exp.cfg.evolution.keep_ties)
+        meta.status = "promoted" if decision.promote else child_outcome(decision.paired, run.keep_ties)
     else:
         meta.status = "kept"
     if is_child:
-        meta.hypothesis = hypothesis_verdict(exp, meta, control, report, decision.paired)
+        meta.hypothesis = hypothesis_verdict(meta, control_dir, report, decision.paired)
         meta.decision["hypothesis"] = meta.hypothesis
-        meta.decision["spend"] = spend_record(vd, exp.vdir(control) if control else None)
+        meta.decision["spend"] = spend_record(vd, control_dir)
     vd.save_meta(meta)   # the commit point: what follows is repeated on resume until the state is saved
     crash_point("gate:meta-saved")
     if is_child:
-        exp.say(f"gen {meta.generation}: {vid} vs {control}: {meta.status}; {gate_line(decision.paired)}")
+        run.say(f"gen {meta.generation}: {vid} vs {control}: {meta.status}; {gate_line(decision.paired)}")
     if is_child and finish:
-        finish_gate(exp, vd, meta, control)
+        finish_gate(run, vd, meta, control)
     else:
         write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
 
@@ -94,15 +118,15 @@ def gate_line(paired: dict | None) -> str:
             + (f"{mde:+.3f}" if mde is not None else "not estimable") + f" at {100 * paired.get('power', 0.8):g}% power")
 
 
-def finish_gate(exp: Experiment, vd: VersionDir, meta: BranchVersion, control: str | None) -> None:
+def finish_gate(run: GateInputs, vd: VersionDir, meta: BranchVersion, control: str | None) -> None:
     """The gate's effects beyond the version's meta: decision.json, the knob study, the bandit, the
     history, the skills. Skipped once the run state's history records the outcome: each effect is
     idempotent except the bandit's in-memory count, which is replayed from that same history."""
     write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
-    entry = next((h for h in exp.state.history if h.get("child") == meta.id), None)
+    entry = next((h for h in run.history if h.get("child") == meta.id), None)
     if entry is not None and entry.get("outcome") == meta.status:
         return
-    after_gate(exp, meta, control)
+    after_gate(run, meta, control)
 
 
 def spend_of(vd: VersionDir) -> dict[str, int]:
@@ -135,7 +159,7 @@ def child_outcome(paired: dict | None, keep_ties: bool) -> str:
     return "rejected" if worse or not keep_ties else "kept"
 
 
-def hypothesis_verdict(exp: Experiment, meta: BranchVersion, control: str | None, report: HealthReport | None,
+def hypothesis_verdict(meta: BranchVersion, control: VersionDir | None, report: HealthReport | None,
                        paired: dict | None) -> dict:
     """The intervention's expected effect judged against the child's and its control's measurements."""
     expected = (meta.intervention or {}).get("expected_effect")
@@ -143,34 +167,34 @@ def hypothesis_verdict(exp: Experiment, meta: BranchVersion, control: str | None
         return {"verdict": "refuted", "expected": expected, "reason": "the branch is invalid: whatever it "
                 "scores, the intervention did not do what it claimed"}
     child = report.metrics if report else {}
-    health = exp.vdir(control).path / "health.json" if control else None
+    health = control.path / "health.json" if control else None
     before = json.loads(health.read_text()).get("metrics", {}) if health and health.is_file() else {}
     return judge_effect(expected, before, child, paired)
 
 
-def after_gate(exp: Experiment, meta: BranchVersion, control: str | None) -> None:
+def after_gate(run: GateInputs, meta: BranchVersion, control: str | None) -> None:
     """A confirmed intervention becomes (or confirms) a skill; the paired delta feeds the knob study;
     promotions and confirmations feed the operators' weights (a bandit)."""
     score = meta.metrics.get("heldout_accuracy")
     verdict = (meta.hypothesis or {}).get("verdict")
     delta = (meta.decision or {}).get("paired", {}) or {}
-    if meta.operator == "knobs" and exp.mix_loaded:
-        knobs = exp.mix.operator("knobs")
+    if meta.operator == "knobs" and run.mix is not None:
+        knobs = run.mix.operator("knobs")
         if hasattr(knobs, "tell"):   # TPE learns from the paired delta against the control, not raw scores
             knobs.tell(meta.genome_hash, delta.get("mean_delta") if meta.status != "invalid" else None)
-    if exp.mix_loaded and meta.operator:
+    if run.mix is not None and meta.operator:
         # Credit is fitness: a confirmed hypothesis whose child did not win (truncation fell, held-out
         # did not rise) used to raise its entry's weight, and the entry was proposed again and again.
         entry = ((meta.intervention or {}).get("details") or {}).get("entry")
-        exp.mix.credit(meta.operator, meta.status == "promoted", entry=entry)
-    for h in exp.state.history:
+        run.mix.credit(meta.operator, meta.status == "promoted", entry=entry)
+    for h in run.history:
         if h.get("child") == meta.id:
             h["outcome"] = meta.status
             h["heldout_accuracy"] = score
             h["paired_delta"] = delta.get("mean_delta")
             h["hypothesis_verdict"] = verdict
     if meta.status == "promoted" and meta.intervention and verdict == "confirmed":
-        parent_health = exp.vdir(meta.parents[0]).path / "health.json"
+        parent_health = run.versions.vdir(meta.parents[0]).path / "health.json"
         trigger = report_metrics(json.loads(parent_health.read_text())) if parent_health.is_file() else {}
-        exp.skills.record_confirmed(meta.intervention, meta.decision or {}, exp.cfg.domain.name, trigger,
+        run.skills.record_confirmed(meta.intervention, meta.decision or {}, run.domain, trigger,
                                      version=meta.id, parent=control)

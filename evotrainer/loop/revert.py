@@ -11,16 +11,14 @@ choice never saw; the test keeps its level (``tests/test_revert.py`` simulates b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-from evotrainer.fitness.gate_config import GateConfig, gate_config
+from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.gates import paired_promotion
 from evotrainer.fitness.paired_stats import PairingError, PromotionDecision
+from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.versions import SETTLED
 from evotrainer.records.rollout import Rollout
-
-if TYPE_CHECKING:
-    from evotrainer.loop.experiment import Experiment
 
 
 @dataclass
@@ -50,7 +48,8 @@ def choose_revert(current: Side, ancestors: Sequence[Side], gate_rollouts: Calla
     return (best.id, decision) if decision.promote else None
 
 
-def revert_target(exp: Experiment, vid: str):
+def revert_target(versions: RunVersions, vid: str, cfg: GateConfig,
+                  say: Callable[[str], None] = lambda msg: None) -> tuple[str, PromotionDecision] | None:
     """(ancestor id, paired decision) when ``vid`` regressed from its best ancestor, else None.
 
     The ancestors are the first-parent chain back to the seed, settled and valid, nearest first. The
@@ -58,29 +57,29 @@ def revert_target(exp: Experiment, vid: str):
     bootstrap rule (CI lower bound above ``min_delta``), so neither noise nor the choice itself
     triggers a revert.
     """
-    meta = exp.vdir(vid).meta()
+    meta = versions.vdir(vid).meta()
     current = meta.metrics.get("selection_accuracy")
     if current is None:
         return None
     ancestors, seen, pid = [], {vid}, (meta.parents[0] if meta.parents else None)
-    while pid and pid not in seen and exp.vdir(pid).path.is_dir():
+    while pid and pid not in seen and versions.vdir(pid).path.is_dir():
         seen.add(pid)
-        anc = exp.vdir(pid).meta()
+        anc = versions.vdir(pid).meta()
         score = anc.metrics.get("selection_accuracy")
         if anc.status in SETTLED and score is not None:
             ancestors.append(Side(pid, score))
         pid = anc.parents[0] if anc.parents else None
-    gcfg = gate_config(exp.cfg)
-    return choose_revert(Side(vid, current), ancestors, lambda v: exp.vdir(v).rollouts("heldout"), gcfg, exp.say)
+    return choose_revert(Side(vid, current), ancestors, lambda v: versions.vdir(v).rollouts("heldout"), cfg, say)
 
 
-def plan_reverts(exp: Experiment, survivors: list[str], generation: int) -> tuple[list[str], list[dict]]:
+def plan_reverts(versions: RunVersions, survivors: list[str], generation: int, cfg: GateConfig,
+                 say: Callable[[str], None] = lambda msg: None) -> tuple[list[str], list[dict]]:
     """(survivors after reverts, one history record per revert), writing nothing: the select stage
     saves the plan with the run state first and applies it after, so a crash in between loses no revert."""
     out: list[str] = []
     reverts: list[dict] = []
     for sid in survivors:
-        target = revert_target(exp, sid)
+        target = revert_target(versions, sid, cfg, say)
         if target is None:
             out.append(sid)
             continue
@@ -92,9 +91,9 @@ def plan_reverts(exp: Experiment, survivors: list[str], generation: int) -> tupl
     return out, reverts
 
 
-def apply_revert(exp: Experiment, revert: dict) -> None:
+def apply_revert(versions: RunVersions, revert: dict) -> None:
     """Marks the regressed version with the ancestor it was reverted to (idempotent)."""
-    vd = exp.vdir(revert["parent"])
+    vd = versions.vdir(revert["parent"])
     meta = vd.meta()
     if (meta.decision or {}).get("reverted_to") == revert["to"]:
         return
@@ -102,13 +101,14 @@ def apply_revert(exp: Experiment, revert: dict) -> None:
     vd.save_meta(meta)
 
 
-def revert_regressed(exp: Experiment, survivors: list[str], generation: int) -> list[str]:
+def revert_regressed(versions: RunVersions, survivors: list[str], generation: int, cfg: GateConfig,
+                     history: list[dict], say: Callable[[str], None] = lambda msg: None) -> list[str]:
     """Survivors that regressed from an ancestor are replaced by it: the next generation continues
     the ancestor (its adapter and harness), and the regressed version is pruned with the reason.
     (Plan and apply in one go; the select stage does the two with a state save between.)"""
-    out, reverts = plan_reverts(exp, survivors, generation)
+    out, reverts = plan_reverts(versions, survivors, generation, cfg, say)
     for r in reverts:
-        apply_revert(exp, r)
-        exp.state.history.append(r)
-        exp.say(f"gen {generation}: {r['parent']} regressed from {r['to']}; reverting to it ({r['reason'][:80]})")
+        apply_revert(versions, r)
+        history.append(r)
+        say(f"gen {generation}: {r['parent']} regressed from {r['to']}; reverting to it ({r['reason'][:80]})")
     return out
