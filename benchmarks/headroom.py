@@ -66,6 +66,7 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_call_form_credit": ("swe_call_form_credit", {"credit": 0.3}),
     "swe_worked_call_prompt": ("swe_worked_call_prompt", {"shots": 3}),
     "swe_give_up_penalty": ("swe_give_up_penalty", {"penalty": 0.2}),
+    "swe_guided_tool_calls": ("swe_guided_tool_calls", {"value": 0.5}),
 }
 # What an episode did, per test task (fitness/episodes.py): the figures a SWE comparison reports.
 EPISODE_RATES = ("resolved", "valid_call_rate", "edited", "ran_tests", "progress")
@@ -230,13 +231,15 @@ def report(data: dict, level: float = 0.9) -> str:
 def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
     """How far up the tool-call form ladder the training episodes got (read from the run directories'
     train rollouts, first two steps vs last two): the share of turns with a fenced block, with the
-    ```tool fence, and the calls the environment could parse (a named tool)."""
+    ```tool fence, and the calls the environment could parse (a named tool). Free episodes only: a guided
+    one (``guided_call_share``) is well-formed by construction."""
     out = Path(data.get("out") or "runs/headroom_swe")
     lines = ["training episodes' call form, first two steps -> last two (share of turns fenced / with the ```tool "
              "fence; named calls)"]
     for name, rs in by_variant.items():
         for r in sorted(rs, key=lambda r: r["seed"]):
-            rows = VersionDir(out / name / f"seed{r['seed']}").rollouts("train")
+            rows = [x for x in VersionDir(out / name / f"seed{r['seed']}").rollouts("train")
+                    if not (x.episode or {}).get("guided")]
             if not rows:
                 continue
             steps = sorted({x.step for x in rows})

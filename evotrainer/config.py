@@ -102,6 +102,7 @@ class GRPOSection(_Section):
     per_device_train_batch_size: int | None = Field(None, ge=1, le=65_536)
     num_iterations: int | None = Field(None, ge=1, le=64)
     max_grad_norm: float | None = Field(None, gt=0)
+    guided_call_share: float | None = Field(None, ge=0, le=1)
 
 
 class TrainConfig(_Section):

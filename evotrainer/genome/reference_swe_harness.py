@@ -41,6 +41,7 @@ KNOBS = {
     "loss_type": {"value": "dapo", "choices": ["grpo", "dr_grpo", "dapo", "bnpo"]},
     "scale_rewards": {"value": "group", "choices": ["group", "batch", "none"]},
     "mask_truncated_completions": {"value": False, "choices": [True, False]},
+    "guided_call_share": {"value": 0.0, "choices": [0.0, 0.25, 0.5]},  # episodes decoded under the call grammar
 }
 # EVOLVE-BLOCK-END
 
@@ -239,6 +240,10 @@ def metrics(rollouts, groups):
     eps = [_episode(r) for r in rollouts]
     calls = sum(e["calls"] for e in eps)
     turns = [e["turns"] for e in eps]
+    # The policy's own calls: an episode decoded under the call grammar (guided_call_share) is
+    # well-formed by construction, so call-form rates read the free episodes when there are any.
+    free = [e for e, r in zip(eps, rollouts) if not (r.get("episode") or {}).get("guided")] or eps
+    free_calls = sum(e["calls"] for e in free)
     out = {
         "num_rollouts": float(len(rollouts)),
         "num_groups": float(len(groups)),
@@ -253,8 +258,9 @@ def metrics(rollouts, groups):
         "turns_p90": _percentile(turns, 90),
         "tool_calls_mean": _mean([e["calls"] for e in eps]),
         "tool_calls_per_turn": calls / sum(turns) if sum(turns) else 0.0,
-        "tool_failure_rate": sum(e["failed"] for e in eps) / calls if calls else 0.0,
-        "malformed_call_rate": sum(e["malformed"] for e in eps) / calls if calls else 0.0,
+        "tool_failure_rate": sum(e["failed"] for e in free) / free_calls if free_calls else 0.0,
+        "malformed_call_rate": sum(e["malformed"] for e in free) / free_calls if free_calls else 0.0,
+        "guided_episode_rate": 1.0 - len(free) / len(eps) if len(free) < len(eps) else 0.0,
         "self_test_rate": _mean([1.0 if e["self_test"] else 0.0 for e in eps]),
         "edit_rate": _mean([1.0 if e["edited"] else 0.0 for e in eps]),
         "files_edited_mean": _mean([e["files_edited"] for e in eps]),

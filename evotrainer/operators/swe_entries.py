@@ -9,7 +9,9 @@ every group is dead and no gradient step is taken. The entries answer the report
   name, a call the environment accepted), capped far below a resolution;
 - the same: a prompt with a worked exchange, showing the format rather than describing it;
 - ``giving_up``: a penalty for an episode that hands in a patch without editing anything;
-- ``echo_trap``: a penalty for repeating a call already made in the episode.
+- ``echo_trap``: a penalty for repeating a call already made in the episode;
+- ``tool_failures`` (malformed calls): part of each group decoded under the environment's tool-call
+  grammar (``guided_call_share``), so well-formed calls reach the tools and the free rest learns from them.
 
 A form credit invites its own hack (valid calls that make no progress): the engine's episode check
 (``fitness/validity.py``, ``episode_progress``) marks a branch invalid when its shaped reward rises on
@@ -23,7 +25,7 @@ environment's own message), ``turn_log`` (each turn's ``text``), ``visible.corre
 from __future__ import annotations
 
 from evotrainer.operators.intervention import ExpectedEffect
-from evotrainer.operators.library_entry import LibraryEntry, Param
+from evotrainer.operators.library_entry import KnobMove, LibraryEntry, Param
 
 FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
 FEWER_MALFORMED = ExpectedEffect("malformed_call_rate", "<", 0.5)
@@ -110,6 +112,15 @@ REPEAT_PENALTY = '''def reward(rollouts, tasks):
     return out'''
 
 SWE_ENTRIES: tuple[LibraryEntry, ...] = (
+    LibraryEntry(
+        "swe_guided_tool_calls", "knob (episodes): decode part of each group under the tool-call grammar",
+        "knob:guided_call_share", (when("malformed_call_rate", ">", 0.5),),
+        "If guided_call_share goes from {old} to {new} (that share of each group's training episodes decoded under "
+        "the environment's tool-call grammar), the free episodes' malformed calls fall and edits and test runs rise, "
+        "because guided calls reach the tools and earn what free ones cannot, and the policy gradient moves the "
+        "policy towards the calls it was steered to.",
+        FEWER_MALFORMED, "grammar-constrained decoding (llguidance; Geng et al., 2023) as guided exploration",
+        move=KnobMove("guided_call_share"), episodes_only=True),
     LibraryEntry(
         "swe_call_form_credit", "reward (episodes): graded credit for the tool-call format, capped below a resolution",
         "hook:reward", (when("tool_failure_rate", ">", 0.3), when("dead_group_ratio", ">", 0.5)),

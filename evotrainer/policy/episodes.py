@@ -76,6 +76,10 @@ class Trajectory:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)   # of the sampled tokens only
     last_eos: bool = False
+    guided: bool = False    # every turn decoded under the environment's call grammar
+
+    def grammar(self) -> str | None:
+        return self.episode.env.call_grammar() if self.guided else None
 
     def extend(self, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] = ()) -> tuple[int, int]:
         start = len(self.ids)
@@ -86,14 +90,16 @@ class Trajectory:
 
 
 def run_episodes(engine: TokenEngine, episodes: Sequence[Episode], params: SamplingParams,
-                 adapter: str | None) -> list[Trajectory]:
+                 adapter: str | None, guided: Sequence[bool] = ()) -> list[Trajectory]:
     """Drives ``episodes`` to their end, one engine batch per turn. A turn gets at most
     ``params.max_new_tokens`` and its episode's ``max_turn_tokens``; an episode whose next turn
     would pass ``max_context_tokens`` (counted exactly, in tokens), or the engine's own context
-    (``max_model_len`` of a vLLM engine), stops with ``context``."""
+    (``max_model_len`` of a vLLM engine), stops with ``context``. ``guided[i]``: episode i's turns
+    are decoded under its environment's call grammar."""
     tok = engine.tokenizer
     engine_context = getattr(engine, "max_model_len", None) or float("inf")
-    trajs = [Trajectory(ep, engine.encode([ep.messages])[0]) for ep in episodes]
+    guided = list(guided) or [False] * len(episodes)
+    trajs = [Trajectory(ep, engine.encode([ep.messages])[0], guided=g) for ep, g in zip(episodes, guided)]
     turn = 0
     while True:
         batches: dict[int, list[Trajectory]] = {}
@@ -112,7 +118,10 @@ def run_episodes(engine: TokenEngine, episodes: Sequence[Episode], params: Sampl
             return trajs
         for budget, batch in sorted(batches.items()):
             turn_params = replace(params, max_new_tokens=budget, seed=params.seed * 1_000_033 + turn)
-            completions = engine.generate_ids([t.prompt_ids + t.ids for t in batch], turn_params, adapter)
+            seqs = [t.prompt_ids + t.ids for t in batch]
+            grammars = [t.grammar() for t in batch]
+            completions = (engine.generate_ids(seqs, turn_params, adapter, grammars=grammars) if any(grammars)
+                           else engine.generate_ids(seqs, turn_params, adapter))
             for t, c in zip(batch, completions):
                 span = t.extend(c.completion_ids, sampled=True, logprobs=c.logprobs)
                 t.last_eos = c.stop_reason == "eos"
@@ -139,6 +148,17 @@ def opening(prompt: PromptFn | None, task: Task) -> Messages | None:
     return msgs
 
 
+def guided_members(n_tasks: int, group_size: int, share: float) -> list[bool]:
+    """Which episodes of ``n_tasks`` groups of ``group_size`` are guided: the first
+    ``round(share * group_size)`` of each group. A share below 1 keeps free episodes in every group:
+    what the policy does alone is the contrast against which a guided call earns its advantage (a
+    token every member of a group samples gets no net gradient from group-relative advantages)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"guided_call_share must be within [0, 1], not {share}")
+    k = round(share * group_size)
+    return [j < k for _ in range(n_tasks) for j in range(group_size)]
+
+
 def episode_rollouts(engine: TokenEngine, domain: Any, tasks: Sequence[Task], group_size: int,
                      params: SamplingParams, adapter: str | None, step: int = 0,
                      prompt: PromptFn | None = None) -> tuple[list[Rollout], list[dict[str, Any]]]:
@@ -155,7 +175,8 @@ def episode_rollouts(engine: TokenEngine, domain: Any, tasks: Sequence[Task], gr
     envs = [domain.environment(t) for t in expanded]
     try:
         episodes = [Episode(t, env, count_tokens=count, opening=openings[t.id]) for t, env in zip(expanded, envs)]
-        trajs = run_episodes(engine, episodes, params, adapter)
+        trajs = run_episodes(engine, episodes, params, adapter, guided_members(len(tasks), group_size,
+                                                                               params.guided_call_share))
         results = [t.episode.result() for t in trajs]
     finally:
         for env in envs:
@@ -174,5 +195,6 @@ def _rollout(task: Task, traj: Trajectory, res: dict[str, Any], seed: int, group
         truncated=res["stop_reason"] in LIMIT_STOPS, stop_reason=res["stop_reason"], turns=res["n_turns"],
         tool_calls=res["tool_calls"], turn_log=turns, gen_seconds=sum(t["generate_s"] for t in turns), seed=seed,
         group=group, step=step, split=task.split,
-        episode={k: res[k] for k in ("stop_reason", "submitted", "patch", "history_calls", "seconds")},
+        episode={**{k: res[k] for k in ("stop_reason", "submitted", "patch", "history_calls", "seconds")},
+                 "guided": traj.guided},
     )

@@ -34,10 +34,15 @@ class GRPOConfig:
     num_iterations: int = 1            # optimisation passes over each generation batch
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
+    # Episodes: the share of each group whose tool calls are decoded under the domain's call grammar
+    # (guided exploration; policy/guided_decoding.py). Held-out and test episodes are never guided.
+    guided_call_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if not 0.0 <= self.guided_call_share <= 1.0:
+            raise ValueError(f"guided_call_share must be within [0, 1], got {self.guided_call_share}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: a group of one has no relative advantage")
 

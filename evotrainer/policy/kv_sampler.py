@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from evotrainer.policy.guided_decoding import LOGPROB_FLOOR
 from evotrainer.policy.kv_decoder import KVCache, KVDecoder, lora_deltas
 
 MIN_SHARED_PREFIX = 8   # tokens: a shorter common opening is not worth a prefill of its own
@@ -86,8 +87,10 @@ class KVSampler:
     @torch.inference_mode()
     def sample(self, prompts: list[list[int]], adapter: str | None, *, max_new_tokens: int, temperature: float,
                top_k: int, top_p: float, seed: int, eos: set[int], pad: int,
-               stop_check=None) -> list[Sampled]:
-        """``stop_check(ids) -> bool``: whether a row's tokens so far contain a stop string."""
+               stop_check=None, guide=None) -> list[Sampled]:
+        """``stop_check(ids) -> bool``: whether a row's tokens so far contain a stop string.
+        ``guide``: a :class:`~evotrainer.policy.guided_decoding.GuidedRows` over the output rows; a
+        guided row draws from its grammar's tokens and records the unguided log-probability."""
         lora = lora_deltas(policy_model(self.policy), adapter)
         key = adapter_key(self.policy, adapter)
         dev = self.decoder.device
@@ -107,29 +110,43 @@ class KVSampler:
         rows = list(range(B))                 # cache row -> output row
         alive = [True] * B                    # per cache row: still sampling
         stash: list[_Piece] = []              # rows that finished and left the batch
+        guided = guide is not None and guide.any
         for step in range(max_new_tokens):
             scores = logits
             for w in warpers:
                 scores = w(None, scores)
+            # A guided row draws from its grammar's tokens (masked before the warpers, so top-k/top-p
+            # keep allowed ones); every row records log p under the unguided scores (guided_decoding.py).
+            draw = scores
+            if guided:
+                draw = guide.mask_(logits, rows)
+                for w in warpers:
+                    draw = w(None, draw)
             # log p(token) = score - logsumexp(scores), taken for the chosen tokens only; the CDF is the
             # cumulative sum of exp(score - max), whose last entry is the normaliser.
             top = scores.max(dim=-1, keepdim=True).values
             if temperature > 0:
-                cdf = torch.exp(scores - top).cumsum_(-1)
-                total = cdf[:, -1:]
+                dtop = draw.max(dim=-1, keepdim=True).values if guided else top
+                cdf = torch.exp(draw - dtop).cumsum_(-1)
                 # Inverse CDF: the first token whose cumulative mass exceeds u; the uniform is drawn for
                 # every batch row, so a row's draw does not depend on which rows finished.
                 u = torch.rand((B, 1), generator=gen, device=dev)[rows]
-                nxt = torch.searchsorted(cdf, u * total, right=True).clamp_(max=cdf.shape[-1] - 1)
+                nxt = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=cdf.shape[-1] - 1)
+                total = torch.exp(scores - top).sum(-1, keepdim=True) if guided else cdf[:, -1:]
             else:
-                nxt = scores.argmax(-1, keepdim=True)
+                nxt = draw.argmax(-1, keepdim=True)
                 total = torch.exp(scores - top).sum(-1, keepdim=True)
-            chosen = (scores.gather(1, nxt) - top - total.log()).squeeze(1).tolist()
+            chosen = (scores.gather(1, nxt) - top - total.log()).squeeze(1)
+            if guided:
+                chosen = chosen.clamp(min=LOGPROB_FLOOR)
+            chosen = chosen.tolist()
             tokens = nxt.squeeze(1).tolist()
             for j, i in enumerate(rows):
                 if alive[j]:
                     out[i].ids.append(tokens[j])
                     out[i].logprobs.append(chosen[j])
+                    if guided:
+                        guide.consume(i, tokens[j])
                     alive[j] = not (tokens[j] in eos or (stop_check is not None and stop_check(out[i].ids)))
             if step == max_new_tokens - 1 or not any(alive):
                 break

@@ -30,6 +30,9 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
     seed: int = 0
+    # Episodes only: the share of each group's episodes whose turns are decoded under the domain's
+    # tool-call grammar (guided exploration, policy/guided_decoding.py); the rest sample freely.
+    guided_call_share: float = 0.0
 
 
 @dataclass
@@ -71,8 +74,12 @@ class TokenEngine(RolloutEngine, Protocol):
     def encode(self, prompts: Sequence[Messages]) -> list[list[int]]: ...
 
     def generate_ids(
-        self, prompt_ids: Sequence[list[int]], params: SamplingParams, adapter: str | None = None
-    ) -> list[Completion]: ...
+        self, prompt_ids: Sequence[list[int]], params: SamplingParams, adapter: str | None = None,
+        grammars: Sequence[str | None] | None = None,
+    ) -> list[Completion]:
+        """``grammars``: per sequence, a Lark grammar its completion must follow (None: free);
+        see ``policy/guided_decoding.py``."""
+        ...
 
 
 class _RecordLogprobs(LogitsProcessor):
@@ -96,6 +103,20 @@ class _RecordLogprobs(LogitsProcessor):
         if self.pending is not None:
             self.logprobs.append(self.pending.gather(1, input_ids[:, -1:]).squeeze(1))
             self.pending = None
+
+
+class _GuideProcessor(LogitsProcessor):
+    """Masks each guided row's scores to its grammar's next tokens, for ``generate``. The token
+    drawn at step t is the last column of ``input_ids`` at step t+1; it is consumed then."""
+
+    def __init__(self, guide, prompt_width: int) -> None:
+        self.guide, self.width = guide, prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[1] > self.width:
+            for i, t in enumerate(input_ids[:, -1].tolist()):
+                self.guide.consume(i, t)
+        return self.guide.mask_(scores, range(scores.shape[0]))
 
 
 class TransformersEngine:
@@ -134,19 +155,34 @@ class TransformersEngine:
 
     @torch.no_grad()
     def generate_ids(
-        self, encoded: Sequence[list[int]], params: SamplingParams, adapter: str | None = None
+        self, encoded: Sequence[list[int]], params: SamplingParams, adapter: str | None = None,
+        grammars: Sequence[str | None] | None = None,
     ) -> list[Completion]:
-        """Continues each token sequence (a chat prompt already templated, or a whole trajectory)."""
+        """Continues each token sequence (a chat prompt already templated, or a whole trajectory);
+        ``grammars[i]``, when given, is the grammar sequence i's completion follows."""
         encoded = [list(p) for p in encoded]
+        grammars = list(grammars) if grammars is not None and any(grammars) else [None] * len(encoded)
+        if len(grammars) != len(encoded):
+            raise ValueError(f"{len(grammars)} grammars for {len(encoded)} sequences; give one per sequence")
         if self._kv_sampler(adapter) is not None:
-            return self._sample_kv(encoded, params, adapter)
+            return self._sample_kv(encoded, params, adapter, grammars)
         out: list[Completion] = []
         with self.policy.adapter(adapter) as model:
             for start in range(0, len(encoded), self.batch_size):
                 # Seed per batch from (seed, batch index): same seed and batch → same tokens.
                 torch.manual_seed(params.seed * 1_000_003 + start)
-                out.extend(self._generate_batch(model, encoded[start:start + self.batch_size], params))
+                end = start + self.batch_size
+                out.extend(self._generate_batch(model, encoded[start:end], params, grammars[start:end]))
         return out
+
+    def _guide(self, grammars: Sequence[str | None]):
+        if not any(grammars):
+            return None
+        from evotrainer.policy.guided_decoding import GuidedRows
+        from evotrainer.policy.kv_sampler import policy_model
+
+        vocab = int(policy_model(self.policy).get_output_embeddings().weight.shape[0])
+        return GuidedRows(self.tokenizer, grammars, vocab)
 
     def _kv_sampler(self, adapter: str | None):
         """The KV sampler when it can serve ``adapter``, else None (and the log says why, once)."""
@@ -173,7 +209,8 @@ class TransformersEngine:
             return None
         return self._kv
 
-    def _sample_kv(self, encoded: list[list[int]], params: SamplingParams, adapter: str | None) -> list[Completion]:
+    def _sample_kv(self, encoded: list[list[int]], params: SamplingParams, adapter: str | None,
+                   grammars: list[str | None]) -> list[Completion]:
         tok = self.tokenizer
         eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set(tok.eos_token_id or [])
         stop_check = None
@@ -190,12 +227,14 @@ class TransformersEngine:
             sampled = self._kv.sample(
                 batch, adapter, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                 top_k=params.top_k, top_p=params.top_p, seed=params.seed * 1_000_003 + start, eos=eos,
-                pad=tok.pad_token_id, stop_check=stop_check)
+                pad=tok.pad_token_id, stop_check=stop_check,
+                guide=self._guide(grammars[start:start + self.batch_size]))
             seconds = (time.perf_counter() - t0) / len(batch)
             out.extend(self._finish(p, s.ids, s.logprobs, params, seconds) for p, s in zip(batch, sampled))
         return out
 
-    def _generate_batch(self, model, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(self, model, prompt_ids: list[list[int]], params: SamplingParams,
+                        grammars: Sequence[str | None]) -> list[Completion]:
         tok = self.tokenizer
         pad = tok.pad_token_id
         width = max(len(p) for p in prompt_ids)
@@ -213,6 +252,9 @@ class TransformersEngine:
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
         processors.append(recorder)
+        guide = self._guide(grammars)
+        if guide is not None:   # after the recorder: it records the unguided distribution (guided_decoding.py)
+            processors.append(_GuideProcessor(guide, width))
         kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=tok)

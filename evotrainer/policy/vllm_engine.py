@@ -61,6 +61,10 @@ def kv_cache_bytes(config, max_model_len: int, dtype: str, sequences: int = KV_S
     return per_token * max_model_len * sequences
 
 
+
+class GuidedDecodingUnsupported(ValueError):
+    """A request this engine cannot sample as asked; the message says what to change."""
+
 class VllmNotInstalledError(ImportError):
     pass
 
@@ -203,10 +207,16 @@ class VllmEngine:
         """Several (prompts, params, adapter) jobs, e.g. one per live branch, in one vLLM call."""
         return self._generate([(self.encode(prompts), params, adapter) for prompts, params, adapter in jobs])
 
-    def generate_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams, adapter: str | None = None
-                     ) -> list[Completion]:
+    def generate_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams, adapter: str | None = None,
+                     grammars: Sequence[str | None] | None = None) -> list[Completion]:
         """Continues token sequences (a whole trajectory so far): what multi-turn episodes need, so
         every turn conditions on exactly the tokens sampled before it."""
+        if grammars is not None and any(grammars):
+            # vLLM's structured outputs report the masked distribution's log-probabilities, which
+            # would make each forced token's importance ratio < 1 (guided_decoding.py says why).
+            raise GuidedDecodingUnsupported(
+                "guided tool calls (the guided_call_share knob) run on the transformers engine; set "
+                "engine: transformers, or guided_call_share: 0 for engine: vllm")
         return self._generate([([list(p) for p in prompt_ids], params, adapter)])[0]
 
     def _generate(self, jobs: Sequence[tuple[list[list[int]], SamplingParams, str | None]]) -> list[list[Completion]]:

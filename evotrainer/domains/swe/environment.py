@@ -25,7 +25,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from evotrainer.domains.code.executor import CodeExecutor
 from evotrainer.domains.swe.patching import PatchError, clean_path, diff_files
@@ -68,6 +68,40 @@ def tool_prompt() -> str:
             f"Tools:\n{lines}\nWhen the tests pass, call submit.")
 
 
+def call_grammar(files: Sequence[str]) -> str:
+    """The form of one valid tool call, as a grammar (Lark with llguidance's ``%json``): the fenced
+    block, a JSON object naming one tool with that tool's arguments, every path one of ``files``
+    (the repository's) and every test path one of its test files. What a guided turn is decoded
+    under (``policy/guided_decoding.py``): it fixes the form and the choice of file, never which
+    tool or what an edit says."""
+    paths = sorted(files)
+    tests = [p for p in paths if p.startswith("tests/") or p.rsplit("/", 1)[-1].startswith("test_")] or paths
+    # Strings are unbounded (the turn's token budget bounds them): a maxLength makes llguidance's lexer
+    # 20-100x slower per token. Whitespace is fixed to the prompt's example (", " and ": "): free
+    # whitespace lets a weak policy spin in blanks until the turn's budget runs out.
+    path = {"enum": paths} if paths else {"type": "string"}
+    text = {"type": "string"}
+    line = {"type": "integer", "minimum": 1, "maximum": 9999}
+    args = {
+        "list_files": ({}, []),
+        "read_file": ({"path": path, "start": line, "end": line}, ["path"]),
+        "search": ({"pattern": text, "path": path}, ["pattern"]),
+        "edit": ({"path": path, "search": text, "replace": text}, ["path", "search", "replace"]),
+        "run_tests": ({"tests": {"type": "array", "items": {"enum": tests}, "maxItems": 4}}, []),
+        "view_diff": ({}, []), "git_log": ({}, []), "submit": ({}, []),
+    }
+    assert set(args) == set(TOOL_DOCS), "every tool has its arguments' schema"
+    schema = {
+        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+        "oneOf": [{"type": "object", "additionalProperties": False, "required": ["name", "args"],
+                   "properties": {"name": {"const": name},
+                                  "args": {"type": "object", "properties": props, "required": required,
+                                           "additionalProperties": False}}}
+                  for name, (props, required) in args.items()],
+    }
+    return 'start: "```tool\\n" call "\\n```"\ncall: %json ' + json.dumps(schema)
+
+
 class ToolError(Exception):
     """A tool call the environment refuses; its message goes back to the model."""
 
@@ -98,6 +132,10 @@ class SWEEnvironment:
         if self._own_executor and self._executor is not None:
             self._executor.close()
             self._executor = None
+
+    def call_grammar(self) -> str:
+        """:func:`call_grammar` over this repository's files as they are now."""
+        return call_grammar(list(self.files))
 
     def diff(self) -> str:
         return diff_files(self.base, self.files)
