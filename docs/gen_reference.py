@@ -153,7 +153,7 @@ def _knob_defaults() -> dict[str, str]:
         values = {d: k[name]["value"] for d, k in knobs.items() if name in k}
         if values:
             shown = sorted(set(map(repr, values.values())), key=list(map(repr, values.values())).index)
-            text = (f"knob `{values['math']!r}`" if len(shown) == 1 else
+            text = (f"knob `{next(iter(values.values()))!r}`" if len(shown) == 1 and len(values) == len(knobs) else
                     "knob " + ", ".join(f"{d} `{v!r}`" for d, v in values.items()))
         elif name in trainer:
             text = f"trainer `{trainer[name]!r}`"

@@ -102,7 +102,8 @@ class GRPOSection(_Section):
     per_device_train_batch_size: int | None = Field(None, ge=1, le=65_536)
     num_iterations: int | None = Field(None, ge=1, le=64)
     max_grad_norm: float | None = Field(None, gt=0)
-    guided_call_share: float | None = Field(None, ge=0, le=1)
+    guided_call_share: float | None = Field(None, ge=0, le=1, description=(
+        "swe: share of each group's training episodes decoded under the tool-call grammar (held-out never)"))
 
 
 class TrainConfig(_Section):
