@@ -118,12 +118,6 @@ def note_selection(exp: Experiment, generation: int, survivors: list[str]) -> No
                                  "on making the policy worse (evolution.stop_below_start)")
 
 
-def start_wins_pick(exp: Experiment, selection_score: float | None) -> bool:
-    """Whether the final pick must be the start: the selection draw ranks the best survivor below it."""
-    return scored_start(exp) and (selection_score is None
-                                  or selection_score < exp.state.start["selection_accuracy"])
-
-
 def start_test(exp: Experiment) -> list:
     """The untrained model on the test split, greedy (verified once; stored in ``start/test.jsonl``)."""
     vd = start_dir(exp)

@@ -63,10 +63,10 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         rt = ctx.runtime
         say(f"loading {cfg.model} (rollout engine: {rt.engine_name})")
         with BranchTraining(ctx, BRANCH) as bt:
-            ev = dict(max_new_tokens=cfg.train.eval_max_new_tokens, temperature=cfg.train.eval_temperature,
+            verify_kwargs = dict(max_new_tokens=cfg.train.eval_max_new_tokens, temperature=cfg.train.eval_temperature,
                       seeds=cfg.train.eval_seeds, prompt=prompt_fn(bt.harness))
             say(f"verifying {len(rt.heldout_tasks)} held-out tasks before training")
-            before = verify(rt.engine, rt.domain, rt.heldout_tasks, BRANCH, **ev)
+            before = verify(rt.engine, rt.domain, rt.heldout_tasks, BRANCH, **verify_kwargs)
             steps: list[dict[str, Any]] = []
             for i in range(cfg.train.steps):
                 steps.append(bt.step(i))
@@ -74,7 +74,7 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                     on_step(steps[-1])
             rt.policy.check_adapter_applied(BRANCH)
             say(f"verifying {len(rt.heldout_tasks)} held-out tasks after training")
-            after = verify(rt.engine, rt.domain, rt.heldout_tasks, BRANCH, **ev)
+            after = verify(rt.engine, rt.domain, rt.heldout_tasks, BRANCH, **verify_kwargs)
             bt.finish()   # the adapter, the train rollouts, the engine's violations
 
         acc_before, acc_after = heldout_accuracy(before), heldout_accuracy(after)
