@@ -2,6 +2,8 @@ import os
 
 import pytest
 
+from tests.swebench_instance import write_swebench_instance
+
 # Tests never touch a hub; keep converted models in the user cache shared across runs.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -17,3 +19,9 @@ def tiny():
     from evotrainer.policy.base_model import load_base_model
 
     return load_base_model("tiny-random", seed=0)
+
+
+@pytest.fixture
+def swebench_dir(tmp_path):
+    """(directory, record): one SWE-bench instance over a local git clone (``tests/swebench_instance.py``)."""
+    return write_swebench_instance(tmp_path)

@@ -2,24 +2,14 @@
 in one or two lines that name the file or field, exit 1 or 2, and never show a traceback."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from evotrainer.genome.program import reference_program
-from tests.test_experiment import tiny_cfg
-
-ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "evotrainer" / "genome" / "reference_harness.py"
-
-
-def cli(args, cwd, stdout=subprocess.PIPE, env=None):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EVOTRAINER_DEBUG": "", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "evotrainer.cli", *map(str, args)], cwd=cwd, env=env,
-                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300)
+from tests.cli_process import REFERENCE, cli
+from tests.loop_runs import tiny_cfg
 
 
 def train_cfg(tmp: Path, **over) -> Path:

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_cli_errors import REFERENCE, cli
-from test_experiment import tiny_cfg
-from test_lineage import build_run
 
 from evotrainer.cli.loop import first_difference
 from evotrainer.config import parse_config
 from evotrainer.domains.math.tasks import level_capacity, make_splits
+from tests.cli_process import REFERENCE, cli
+from tests.loop_runs import build_run, tiny_cfg
 
 
 def test_mutate_names_a_garbled_evidence_file(tmp_path):

@@ -14,7 +14,7 @@ from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.validity import engine_checks
 from evotrainer.records.version import VersionDir
-from tests.test_experiment import check_invariants, mlflow_runs
+from tests.loop_runs import check_invariants, mlflow_runs
 
 
 def _code_cfg(run_dir):

@@ -14,7 +14,7 @@ from evotrainer.loop.selection import Candidate, parents, survivors
 from evotrainer.loop.versions import new_version
 from evotrainer.operators.library import default_entries
 
-from test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 ENTRIES = {e.id: e for e in default_entries()}
 

@@ -17,49 +17,7 @@ from evotrainer.config import parse_config
 from evotrainer.loop.experiment import Experiment
 from evotrainer.records.run_state import load_state
 from evotrainer.records.version import VersionDir
-
-TERMINAL = {"kept", "promoted", "rejected", "invalid", "pruned"}
-
-
-def tiny_cfg(run_dir, **evolution):
-    ev = {"population_size": 2, "children_per_generation": 2, "generations": 3, "steps_per_generation": 1,
-          "operators": {"knobs": 1.0, "crossover": 1.0}, "user_skills": False}
-    ev.update(evolution)
-    return {
-        "model": "tiny-random", "run_dir": str(run_dir),
-        "domain": {"difficulty": 2, "n_train": 16, "n_heldout": 6, "n_test": 4},
-        "grpo": {"max_completion_length": 32, "num_generations": 2},
-        "train": {"prompts_per_step": 2, "eval_max_new_tokens": 6},
-        "evolution": ev,
-    }
-
-
-def mlflow_runs(run_dir):
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
-    exps = client.search_experiments()
-    runs = [r for e in exps for r in client.search_runs([e.experiment_id], max_results=1000)]
-    return [r for r in runs if "evotrainer.version_id" in r.data.tags]
-
-
-def check_invariants(run_dir):
-    """No version lost or duplicated: every version settled, one MLflow run each, ids contiguous."""
-    state = load_state(run_dir)
-    exp = Experiment.resume(run_dir)
-    vids = exp.versions()
-    assert vids == [f"v{i:04d}" for i in range(state.next_id)], (vids, state.next_id)
-    metas = {v: exp.vdir(v).meta() for v in vids}
-    assert all(m.status in TERMINAL for m in metas.values()), {v: m.status for v, m in metas.items()}
-    runs = mlflow_runs(run_dir)
-    ids = [r.data.tags["evotrainer.version_id"] for r in runs]
-    assert sorted(ids) == vids, "exactly one MLflow run per version"
-    for r in runs:
-        m = metas[r.data.tags["evotrainer.version_id"]]
-        assert r.data.tags["evotrainer.status"] == m.status
-        if m.parents:
-            assert r.data.tags["evotrainer.parents"].split(",") == m.parents
-    return state, metas
+from tests.loop_runs import check_invariants, mlflow_runs, tiny_cfg
 
 
 def test_loop_runs_gates_and_records(tmp_path):

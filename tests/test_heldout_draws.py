@@ -17,7 +17,7 @@ from evotrainer.domains.sampling import heldout_draws
 from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.validate import validate_resources
 
-from test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 
 def test_the_draws_are_disjoint_cover_the_pool_and_depend_only_on_ids_and_seed():

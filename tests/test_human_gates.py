@@ -15,7 +15,7 @@ from evotrainer.config import ConfigError, parse_config
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.records.run_state import load_state
 from evotrainer.records.version import VersionDir
-from tests.test_experiment import check_invariants, mlflow_runs, tiny_cfg
+from tests.loop_runs import check_invariants, mlflow_runs, tiny_cfg
 
 
 def start(tmp_path, **evolution):

@@ -7,40 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.records.version import BranchVersion, VersionDir
-
-GENOME = "KNOBS = {'learning_rate': {'low': 1e-6, 'high': 1e-3, 'default': 1e-5}}\n"
-
-
-def build_run(run_dir: Path) -> dict[str, BranchVersion]:
-    """A small run: two seeds, a child of each, a crossover of the children, an invalid high scorer."""
-    specs = [
-        # id, generation, parents, score, status, violations, operator, factor
-        ("v000", 0, [], 0.20, "promoted", [], None, None),
-        ("v001", 0, [], 0.15, "trained", [], None, None),
-        ("v002", 1, ["v000"], 0.30, "promoted", [], "knobs", "knob:learning_rate"),
-        ("v003", 1, ["v001"], 0.90, "invalid",
-         [{"name": "leak_used", "message": "answers copied from leaked prompts"}], "llm_diff", "hook:reward"),
-        ("v004", 2, ["v002", "v001"], 0.35, "trained", [], "crossover", "hook:keep_groups"),
-    ]
-    versions = {}
-    for i, (vid, gen, parents, score, status, violations, op, factor) in enumerate(specs):
-        d = VersionDir(run_dir / "versions" / vid)
-        v = BranchVersion(id=vid, base_model="tiny-random", genome_hash=f"h{vid}", parents=parents,
-                          metrics={"heldout_accuracy": score, "train_reward": score / 2}, status=status,
-                          created=1_700_000_000 + i, generation=gen, operator=op, factor=factor,
-                          violations=violations, knobs={"learning_rate": 1e-5 * (i + 1), "group_size": 4},
-                          intervention={"factor": factor, "diff": "-a\n+b\n"} if op else None,
-                          decision={"promote": status == "promoted", "valid": not violations} if op else None)
-        d.save_meta(v)
-        d.save_genome(GENOME + f"# {vid}\n")
-        for step in range(3):
-            d.append_step({"step": step, "loss": 1.0 - 0.1 * step, "dead_group_ratio": 0.5, "note": "text"})
-        if op:
-            (d.path / "diff.patch").write_text("--- a/parent.py\n+++ b/child.py\n-a\n+b\n")
-            (d.path / "health.md").write_text(f"# Health report: {vid}\n")
-        versions[vid] = v
-    return versions
+from evotrainer.records.version import VersionDir
+from tests.loop_runs import build_run
 
 
 @pytest.fixture(scope="module")

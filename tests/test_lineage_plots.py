@@ -6,7 +6,7 @@ import argparse
 import re
 
 from rich.console import Console
-from test_lineage import build_run
+from tests.loop_runs import build_run
 
 from evotrainer.cli import run_views as run_commands
 from evotrainer.tracking.plots import fitness_plot, genealogy_plot, layout, load_versions

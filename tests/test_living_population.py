@@ -16,7 +16,7 @@ from evotrainer.operators.registry import OperatorMix
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.version import VersionDir
 
-from test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 
 def test_a_tie_lives_on_and_a_clear_loss_is_rejected():

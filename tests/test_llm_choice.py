@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_llm_client import ChatServer
+from tests.chat_server import ChatServer
 
 from evotrainer.cli.mutate import main as mutate_main
 from evotrainer.genome import reference_program as reference

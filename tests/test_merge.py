@@ -19,7 +19,7 @@ from evotrainer.loop.merging import START_ADAPTER, merge_pair, propose_merge, st
 from evotrainer.policy.adapter_merge import AdapterMergeError, lora_tensors, merge_adapters
 from evotrainer.policy.lora import LoraSettings, Policy
 
-from test_experiment import mlflow_runs, tiny_cfg
+from tests.loop_runs import mlflow_runs, tiny_cfg
 
 R, ALPHA = 4, 8
 S = ALPHA / R          # the branches' LoRA scaling

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_lineage import build_run
+from tests.loop_runs import build_run
 
 MLFLOW = Path(sys.executable).parent / "mlflow"
 

@@ -78,7 +78,7 @@ def test_a_loop_whose_every_proposal_is_rejected_says_so_at_the_end(tmp_path):
 
     from evotrainer.config import parse_config
     from evotrainer.loop.experiment import Experiment
-    from test_experiment import tiny_cfg
+    from tests.loop_runs import tiny_cfg
 
     cfg = tiny_cfg(tmp_path / "run", operators={"llm_diff": 1.0}, generations=2, children_per_generation=1,
                    llm={"model": "tiny-random", "max_tokens": 16})

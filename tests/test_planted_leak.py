@@ -104,7 +104,7 @@ def test_a_hand_written_diagnostic_fixture_is_credited(dirs, tmp_path):
 
 
 def test_a_diagnostic_an_operator_wrote_is_credited(dirs, tmp_path):
-    from test_llm_client import ChatServer
+    from tests.chat_server import ChatServer
 
     from evotrainer.fitness.health import health_report
     from evotrainer.operators import Evidence, get_operator

@@ -12,7 +12,7 @@ from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.proposals import children_the_budget_allows, compound, promoted_factors, propose_compound, refuted
 from evotrainer.operators import Evidence, get_operator
 
-from test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 REPORT = json.loads((Path(__file__).parent / "fixtures" / "health_report_demo.json").read_text())
 

@@ -15,7 +15,7 @@ import yaml
 from evotrainer.config import ConfigError, parse_config
 from evotrainer.loop.experiment import Experiment
 from evotrainer.records.version import VersionDir
-from tests.test_experiment import check_invariants, mlflow_runs, tiny_cfg
+from tests.loop_runs import check_invariants, mlflow_runs, tiny_cfg
 
 METRICS = ("heldout_accuracy", "selection_accuracy", "train_reward_mean", "cost")
 

@@ -19,7 +19,7 @@ from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.rerun import RERUN_FILE, starting_weights
 from evotrainer.loop.version_compare import compare_versions
 from evotrainer.records.version import VersionDir
-from tests.test_experiment import mlflow_runs, tiny_cfg
+from tests.loop_runs import mlflow_runs, tiny_cfg
 
 
 @pytest.fixture(scope="module")

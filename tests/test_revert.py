@@ -15,7 +15,7 @@ from evotrainer.genome.program import reference_program
 from evotrainer.records.rollout import Rollout
 from evotrainer.loop.revert import revert_regressed, revert_target
 
-from test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 N_TASKS = 24
 

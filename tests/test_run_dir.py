@@ -19,7 +19,7 @@ from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.versions import new_version
 from evotrainer.records import run_dir as rundir
 from evotrainer.records.run_state import load_state
-from tests.test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from evotrainer.loop.start import START, start_dir, verify_start
 from evotrainer.loop.summary import final_line
 from evotrainer.records.rollout import Rollout
 
-from test_experiment import tiny_cfg as _tiny
+from tests.loop_runs import tiny_cfg as _tiny
 
 
 def tiny_cfg(run_dir, **evolution):

@@ -21,7 +21,7 @@ from evotrainer.records.run_dir import RunDirError, claim
 from evotrainer.records.run_state import RunState, load_state, save_state
 from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
 from evotrainer.tracking.strategies import read_runs, strategy_table, tabulate
-from tests.test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 DAPO = "-    return [float(r.visible['correct']) for r in rollouts]\n+    return [overlong(r) for r in rollouts]\n"
 PROMOTE = {"promote": True, "valid": True, "paired": {"mean_delta": 0.1, "ci_low": 0.02, "ci_high": 0.2}}

@@ -13,8 +13,6 @@ from evotrainer.domains.code.executor import ExecLimits
 from evotrainer.domains.swe.domain import SWEDomain, extract_patch
 from evotrainer.domains.swe.patching import diff_files
 
-from test_swe_tasks import swebench_dir  # noqa: F401 - the fixture, shared
-
 
 @pytest.fixture(scope="module")
 def domain():
@@ -135,7 +133,7 @@ def test_registered_and_configured():
         get_domain("swe", difficulty=5)
 
 
-def test_swebench_instance_graded_with_its_test_patch(swebench_dir):  # noqa: F811
+def test_swebench_instance_graded_with_its_test_patch(swebench_dir):
     root, rec = swebench_dir
     d = SWEDomain(files={"train": root / "train.jsonl"}, workers=1)
     try:

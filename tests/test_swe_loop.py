@@ -16,7 +16,7 @@ from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.library import SINGLE_TURN_ONLY, LibraryOperator, default_entries
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.records.version import VersionDir
-from tests.test_experiment import check_invariants, mlflow_runs
+from tests.loop_runs import check_invariants, mlflow_runs
 
 SWE_METRICS = ("turns_mean", "tool_failure_rate", "tool_calls_per_turn", "self_test_rate", "edit_rate", "submit_rate")
 SINGLE_TURN = {e.id for e in default_entries() if e.single_turn}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 
 import pytest
@@ -122,33 +121,6 @@ def test_protected_paths_are_left_out():
     patch = diff_files(files, {"pkg/m.py": "b\n", "tests/test_m.py": "hacked\n", "pkg/x.pth": "import os\n"})
     out, dropped = apply_patch(files, patch, drop_protected=True)
     assert out == {"pkg/m.py": "b\n", "tests/test_m.py": "t\n"} and sorted(dropped) == ["pkg/x.pth", "tests/test_m.py"]
-
-
-def _git(repo, *args):
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-
-
-@pytest.fixture
-def swebench_dir(tmp_path):
-    repo = tmp_path / "repos" / "acme__calc"
-    (repo / "calc").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "calc" / "__init__.py").write_text("")
-    (repo / "calc" / "ops.py").write_text("def add(a, b):\n    return a - b\n")
-    (repo / "tests" / "test_ops.py").write_text("from calc.ops import add\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
-    base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    files = read_tree(repo, base)
-    fix = diff_files(files, {**files, "calc/ops.py": "def add(a, b):\n    return a + b\n"})
-    test_patch = diff_files(files, {**files, "tests/test_ops.py": files["tests/test_ops.py"]
-                                    + "\n\nclass TestAdd:\n    def test_two(self):\n        assert add(1, 1) == 2\n"})
-    rec = {"instance_id": "acme__calc-1", "repo": "acme/calc", "base_commit": base, "patch": fix,
-           "test_patch": test_patch, "FAIL_TO_PASS": json.dumps(["tests/test_ops.py::TestAdd::test_two"]),
-           "PASS_TO_PASS": ["tests/test_ops.py::test_zero"], "problem_statement": "add(1, 1) is 0"}
-    (tmp_path / "train.jsonl").write_text(json.dumps(rec) + "\n")
-    return tmp_path, rec
 
 
 def test_swebench_loader_reads_instances_over_local_git(swebench_dir):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from evotrainer.config import parse_config
 from evotrainer.loop import crash
 from evotrainer.loop.experiment import Experiment
-from test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 # A reward that varies within groups, so every step moves the weights (the tiny model's answers
 # are never correct, and a constant reward would leave them as they were).

@@ -9,7 +9,7 @@ from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.loop.validate import validate_resources
-from tests.test_experiment import tiny_cfg
+from tests.loop_runs import tiny_cfg
 
 
 def cfg(tmp_path, **top):

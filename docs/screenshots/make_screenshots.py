@@ -37,7 +37,7 @@ SORT = "metrics.`heldout_accuracy`"
 
 
 def config(run_dir: Path, mode: str) -> dict:
-    # tests/test_experiment.py::tiny_cfg, with one more generation so the genealogy has some depth
+    # tests/loop_runs.py::tiny_cfg, with one more generation so the genealogy has some depth
     return {
         "model": "tiny-random", "run_dir": str(run_dir), "seed": 0,
         "domain": {"difficulty": 2, "n_train": 16, "n_heldout": 6, "n_test": 4},
