@@ -35,6 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from evotrainer.config import load_config
+from evotrainer.fitness.episodes import edited, episode_calls, progress, ran_tests, resolved, valid_calls
 from evotrainer.fitness.paired_stats import bootstrap_ci, paired_deltas
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.seed import seed_program
@@ -165,8 +166,6 @@ def score_test(cfg, domain, engine, policy, adapter, prompt) -> dict:
 def episode_scores(rollouts) -> dict[str, dict[str, float]]:
     """Per test task (greedy, one episode each): resolved, the share of its calls the environment
     accepted, whether it edited a file, ran the tests, made any of that progress."""
-    from evotrainer.fitness.episodes import edited, episode_calls, progress, ran_tests, resolved, valid_calls
-
     out: dict[str, dict[str, float]] = {k: {} for k in EPISODE_RATES}
     for r in rollouts:
         calls = len(episode_calls(r))
@@ -253,7 +252,29 @@ def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
                 parts.append(f"{sum('```' in t for t in turns) / n:.2f} / {sum('```tool' in t for t in turns) / n:.2f}; "
                              f"{named}")
             lines.append(f"  {name} seed {r['seed']}: {parts[0]} -> {parts[1]}")
-    return "\n".join(lines)
+    guided = guided_episodes(out, by_variant)
+    return "\n".join(lines + ([""] + guided if guided else []))
+
+
+def guided_episodes(out: Path, by_variant: dict[str, list[dict]]) -> list[str]:
+    """What the guided training episodes did (``guided_call_share``): accepted calls, edits, test runs,
+    resolutions, against the free episodes of the same steps."""
+    lines = []
+    for name, rs in by_variant.items():
+        for r in sorted(rs, key=lambda r: r["seed"]):
+            rows = VersionDir(out / name / f"seed{r['seed']}").rollouts("train")
+            if not any((x.episode or {}).get("guided") for x in rows):
+                continue
+            cells = []
+            for label, want in (("guided", True), ("free", False)):
+                eps = [x for x in rows if bool((x.episode or {}).get("guided")) == want]
+                calls = sum(len(episode_calls(x)) for x in eps)
+                cells.append(f"{label} {len(eps)}: accepted calls {sum(valid_calls(x) for x in eps) / max(1, calls):.2f}, "
+                             f"edited {statistics.fmean(edited(x) for x in eps):.2f}, "
+                             f"ran tests {statistics.fmean(ran_tests(x) for x in eps):.2f}, "
+                             f"resolved {statistics.fmean(resolved(x) for x in eps):.2f}")
+            lines.append(f"  {name} seed {r['seed']}: " + "; ".join(cells))
+    return ["training episodes, guided vs free (per episode; accepted calls per call)"] + lines if lines else []
 
 
 def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int, dict], level: float) -> str:
