@@ -24,6 +24,7 @@ from evotrainer.fitness.gate_config import gate_config
 from evotrainer.fitness.labels import LabelStore
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.budgets import BudgetReached, Budgets
+from evotrainer.loop.continuations import continue_survivors
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.diversity import version_cell
 from evotrainer.loop.executor import Executor, build_executor
@@ -33,7 +34,7 @@ from evotrainer.loop import human_gate
 from evotrainer.loop.gating import GateInputs, gate_version
 from evotrainer.loop.operator_mix import operator_mix
 from evotrainer.loop.progress import NullProgress
-from evotrainer.loop.proposals import propose_children
+from evotrainer.loop.proposals import ProposalInputs, evidence_for, propose_children
 from evotrainer.loop.revert import apply_revert, plan_reverts
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.runtime import Runtime
@@ -254,19 +255,7 @@ class Experiment:
             return True
 
     def continue_survivors(self, generation: int) -> None:
-        """Each survivor goes on under its own harness: the control its children are paired against."""
-        s = self.state
-        continued = {self.vdir(v).meta().parents[0] for v in s.live if self.vdir(v).meta().operator is None}
-        reverts = {h["to"]: h for h in s.history if h.get("outcome") == "reverted" and h["generation"] == generation}
-        for sid in s.survivors:
-            if sid not in continued:
-                parent, revert = self.vdir(sid).meta(), reverts.get(sid)
-                # A revert continues an ancestor: recorded as a continuation whose factor says so.
-                extra = {"factor": f"revert of {revert['parent']}",
-                         "intervention": {"action": "revert", "replaces": revert["parent"], "to": sid,
-                                          "reason": revert["reason"]}} if revert else {}
-                s.live.append(new_version(self, parent, self.vdir(sid).genome_source(), generation, **extra))
-                self.save()
+        continue_survivors(self, generation)   # the controls of this generation's children (loop/continuations.py)
 
     # ---- helpers the stages use -------------------------------------------------------------
     @functools.cached_property
@@ -292,6 +281,15 @@ class Experiment:
         return GateInputs(self.run_versions, gate_config(self.cfg), self.cfg.evolution.keep_ties, self.cfg.domain.name,
                           self.state.history, self.skills, labels=self.labels,
                           mix=self.mix if self.mix_loaded else None, timed=self.budgets.timed, say=self.say)
+
+    def proposal_inputs(self) -> ProposalInputs:
+        """What the propose stage reads and changes of this run (``loop/proposals.py``)."""
+        ev = self.cfg.evolution
+        return ProposalInputs(self.run_versions, self.state, ev.backtest, tuple(ev.human_gate),
+                              functools.partial(new_version, self), lambda: self.mix,
+                              functools.partial(evidence_for, self), lambda: self.labels.cases(),
+                              guard=self.budgets.guard, spend=self.budgets.spend, sync=self.sync_budgets,
+                              save=self.save, say=self.say)
 
     def candidates(self, vids: list[str]) -> list[Candidate]:
         out = []

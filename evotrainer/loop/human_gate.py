@@ -138,7 +138,7 @@ def _backtest_designed(exp: Experiment, vid: str) -> None:
     meta = vd.meta()
     iv = Intervention.from_dict(meta.intervention)
     if exp.cfg.evolution.backtest:
-        backtested = backtest_child(exp, iv, meta.parents[0])
+        backtested = backtest_child(exp.proposal_inputs(), iv, meta.parents[0])
         write_atomic(vd.path / "backtest.json", backtested.to_json())
         if not backtested.accept:
             meta.status = "rejected"
@@ -302,7 +302,7 @@ def _revise_child(exp: Experiment, vid: str, point: str, genome: Path | None, hy
         iv.hypothesis = hypothesis.strip()
     backtested = None
     if point == "backtest" and genome is not None and exp.cfg.evolution.backtest:
-        backtested = backtest_child(exp, iv, meta.parents[0])
+        backtested = backtest_child(exp.proposal_inputs(), iv, meta.parents[0])
         if not backtested.accept:
             raise HumanGateError(f"{genome}: the revised child fails its backtest "
                                  f"({'; '.join(backtested.reasons[:2])}); "

@@ -97,7 +97,7 @@ def propose_merge(exp: Experiment, a: str, b: str, generation: int) -> str | Non
         exp.save()
         return None
     cases = exp.labels.cases() if exp.cfg.evolution.backtest else []
-    cid = proposals.admit(exp, iv, a, [b], record, generation, cases)
+    cid = proposals.admit(exp.proposal_inputs(), iv, a, [b], record, generation, cases)
     if cid is not None:   # the pending child's adapter folder holds what it will train from
         _replace_adapter(exp.vdir(cid), start_adapter(exp, exp.vdir(cid).meta()))
         exp.say(f"gen {generation}: {cid} starts from the {settings.combination} merge of {a}'s and {b}'s adapters "

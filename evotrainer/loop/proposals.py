@@ -14,20 +14,45 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
-from evotrainer.fitness.backtest import backtest
+from evotrainer.fitness.backtest import BacktestResult, backtest
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.selection import parents as select_parents
 from evotrainer.loop.decision_request import notes_for
-from evotrainer.loop.versions import new_version
+from evotrainer.loop.run_versions import RunVersions
 from evotrainer.operators import Evidence, OperatorError
+from evotrainer.operators.intervention import Intervention
+from evotrainer.operators.registry import OperatorMix
 from evotrainer.operators.triggers import report_metrics
+from evotrainer.records.run_state import RunState
 from evotrainer.records.version import write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
+
+
+@dataclass(frozen=True)
+class ProposalInputs:
+    """What proposing and backtesting a child reads and changes of a run, and nothing more: the
+    experiment builds one at its propose stage; a test builds one over version directories written by
+    hand, with a run state of its own and no model. What may be costly or may log (the operators, the
+    evidence, the labelled history) is built when first asked for, as the stage always did."""
+    versions: RunVersions
+    state: RunState                   # its history, live versions and open decisions (approvals, gates) change
+    backtest: bool                    # evolution.backtest: replay each child on its parent's cached rollouts
+    human_gate: tuple[str, ...]       # evolution.human_gate: "design" or "backtest" holds a child for a person
+    new_child: Callable[..., str]     # loop/versions.new_version over the run, without its first argument
+    operators: Callable[[], OperatorMix]
+    evidence: Callable[[str], Evidence]   # what operators see of a parent (``evidence_for``)
+    cases: Callable[[], list]             # the labelled history the backtest scores diagnostics on
+    guard: Callable[[], None] = lambda: None            # Budgets.guard: raises once a budget is spent
+    spend: Callable[..., None] = lambda **seconds: None  # Budgets.spend: the time proposing and backtesting took
+    sync: Callable[[], None] = lambda: None             # LLM spend and operator statistics into the state
+    save: Callable[[], None] = lambda: None
+    say: Callable[[str], None] = lambda msg: None
 
 
 def evidence_for(exp: Experiment, vid: str) -> Evidence:
@@ -139,72 +164,79 @@ def propose_children(exp: Experiment, survivors: list[str], generation: int) -> 
     picks = select_parents(exp.candidates(survivors), max(0, todo), ev.tournament_size,
                            seed=exp.cfg.seed * 7919 + generation, min_cells=ev.diversity.min_cells,
                            say=lambda msg: exp.say(f"gen {generation}: {msg}"))
-    cases = exp.labels.cases() if picks and ev.backtest else []   # labelled history: read once per round
+    run = exp.proposal_inputs()
+    cases = run.cases() if picks and run.backtest else []   # labelled history: read once per round
     for pid in picks:
-        exp.budgets.guard()
-        parent = exp.vdir(pid).meta()
-        programs = [HarnessProgram(exp.vdir(pid).genome_source(), name=f"{pid}/genome.py")]
-        second = next((s for s in survivors if exp.vdir(s).meta().genome_hash != parent.genome_hash), None)
-        if second:
-            programs.append(HarnessProgram(exp.vdir(second).genome_source(), name=f"{second}/genome.py"))
-        record = {"generation": generation, "parent": pid, "parent_hash": parent.genome_hash}
-        t0 = time.perf_counter()
-        try:
-            iv = exp.mix.propose(programs, evidence_for(exp, pid), attempts=3,
-                                 on_reject=lambda name, err: exp.say(
-                                     f"gen {generation}: {name} proposal for {pid} rejected ({err.kind}): "
-                                     f"{err.reason[:160]}"))
-        except OperatorError as e:
-            state.history.append({**record, "outcome": "operator_rejected", "kind": e.kind, "reason": e.reason[:300]})
-            exp.save()   # (each rejected attempt is already in the event log, through on_reject)
-            continue
-        finally:
-            exp.budgets.spend(propose_seconds=time.perf_counter() - t0)
-            exp.sync_budgets()
-        extra = [second] if second and len(iv.parent_hashes) > 1 else []
-        admit(exp, iv, pid, extra, record, generation, cases)
+        propose_child(run, pid, survivors, generation, cases)
 
 
-def backtest_child(exp: Experiment, iv, pid: str, cases: list | None = None):
+def propose_child(run: ProposalInputs, pid: str, survivors: list[str], generation: int, cases: list) -> str | None:
+    """One child of ``pid`` from the operators (with a second survivor's harness for those that cross
+    two), backtested and admitted; its id, or None with the reason in the history and the log."""
+    run.guard()
+    parent = run.versions.vdir(pid).meta()
+    programs = [HarnessProgram(run.versions.vdir(pid).genome_source(), name=f"{pid}/genome.py")]
+    second = next((s for s in survivors if run.versions.vdir(s).meta().genome_hash != parent.genome_hash), None)
+    if second:
+        programs.append(HarnessProgram(run.versions.vdir(second).genome_source(), name=f"{second}/genome.py"))
+    record = {"generation": generation, "parent": pid, "parent_hash": parent.genome_hash}
+    t0 = time.perf_counter()
+    try:
+        iv = run.operators().propose(programs, run.evidence(pid), attempts=3,
+                                     on_reject=lambda name, err: run.say(
+                                         f"gen {generation}: {name} proposal for {pid} rejected ({err.kind}): "
+                                         f"{err.reason[:160]}"))
+    except OperatorError as e:
+        run.state.history.append({**record, "outcome": "operator_rejected", "kind": e.kind, "reason": e.reason[:300]})
+        run.save()   # (each rejected attempt is already in the event log, through on_reject)
+        return None
+    finally:
+        run.spend(propose_seconds=time.perf_counter() - t0)
+        run.sync()
+    extra = [second] if second and len(iv.parent_hashes) > 1 else []
+    return admit(run, iv, pid, extra, record, generation, cases)
+
+
+def backtest_child(run: ProposalInputs, iv: Intervention, pid: str, cases: list | None = None) -> BacktestResult:
     """The backtest of ``iv``'s child on ``pid``'s cached rollouts and the labelled history (``cases``,
     read here when not given), its time charged to the budget."""
     t0 = time.perf_counter()
-    cases = exp.labels.cases() if cases is None else cases
-    backtested = backtest(iv.child(), exp.vdir(pid).path, expect=iv.expected_effect, labels=cases)
-    exp.budgets.spend(backtest_seconds=time.perf_counter() - t0)
+    cases = run.cases() if cases is None else cases
+    backtested = backtest(iv.child(), run.versions.vdir(pid).path, expect=iv.expected_effect, labels=cases)
+    run.spend(backtest_seconds=time.perf_counter() - t0)
     return backtested
 
 
-def admit(exp: Experiment, iv, pid: str, extra_parents: list[str], record: dict, generation: int,
+def admit(run: ProposalInputs, iv: Intervention, pid: str, extra_parents: list[str], record: dict, generation: int,
           cases: list) -> str | None:
     """Backtests an intervention on ``pid``'s cached rollouts and, if it passes, makes it a pending
     child; the history records either outcome. Under a human gate at design the child waits before its
     backtest (which runs once a person approves, ``loop/human_gate.py``), at backtest after it."""
-    ev, state = exp.cfg.evolution, exp.state
+    state = run.state
     record.update(operator=iv.operator, factor=iv.factor, hypothesis=iv.hypothesis,
                   expected=iv.expected_effect.to_dict() if iv.expected_effect else None,
                   **({"entry": iv.details["entry"]} if iv.details.get("entry") else {}))
-    gate = next((p for p in ("design", "backtest") if p in ev.human_gate), None)
+    gate = next((p for p in ("design", "backtest") if p in run.human_gate), None)
     backtested = None
-    if ev.backtest and gate != "design":
-        backtested = backtest_child(exp, iv, pid, cases)
+    if run.backtest and gate != "design":
+        backtested = backtest_child(run, iv, pid, cases)
         if not backtested.accept:
             state.history.append({**record, "outcome": "backtest_rejected", "reasons": backtested.reasons[:5]})
-            exp.say(f"gen {generation}: {iv.operator} child of {pid} rejected by backtest: {backtested.reasons[:1]}")
-            exp.save()
+            run.say(f"gen {generation}: {iv.operator} child of {pid} rejected by backtest: {backtested.reasons[:1]}")
+            run.save()
             return None
     status = "awaiting_approval" if gate else "pending"
-    cid = new_version(exp, exp.vdir(pid).meta(), iv.child_source, generation, operator=iv.operator,
-                      factor=iv.factor, intervention=iv.to_dict(), extra_parents=extra_parents, status=status)
+    cid = run.new_child(run.versions.vdir(pid).meta(), iv.child_source, generation, operator=iv.operator,
+                        factor=iv.factor, intervention=iv.to_dict(), extra_parents=extra_parents, status=status)
     if backtested is not None:
-        write_atomic(exp.vdir(cid).path / "backtest.json", backtested.to_json())
+        write_atomic(run.versions.vdir(cid).path / "backtest.json", backtested.to_json())
     state.history.append({**record, "outcome": "accepted", "child": cid})
     state.live.append(cid)
     if gate:   # the decision is opened here, with the child, so a crash cannot leave one without it
         state.approvals[cid] = "pending"
         state.gates[cid] = {"point": gate, "generation": generation}
-    exp.say(f"gen {generation}: {iv.operator} proposed {cid} from {pid} ({iv.factor})")
-    exp.save()
+    run.say(f"gen {generation}: {iv.operator} proposed {cid} from {pid} ({iv.factor})")
+    run.save()
     return cid
 
 
@@ -213,17 +245,18 @@ def propose_compound(exp: Experiment, pid: str, other: str, factor: str, generat
     backtested like any child; whether it was accepted."""
     from evotrainer.operators.structural import CrossoverOperator
 
-    parent = exp.vdir(pid).meta()
-    programs = [HarnessProgram(exp.vdir(v).genome_source(), name=f"{v}/genome.py") for v in (pid, other)]
+    run = exp.proposal_inputs()
+    parent = run.versions.vdir(pid).meta()
+    programs = [HarnessProgram(run.versions.vdir(v).genome_source(), name=f"{v}/genome.py") for v in (pid, other)]
     record = {"generation": generation, "parent": pid, "parent_hash": parent.genome_hash, "compound": factor}
     try:
-        iv = CrossoverOperator(seed=exp.cfg.seed + generation, factor=factor).propose(programs, evidence_for(exp, pid))
+        iv = CrossoverOperator(seed=exp.cfg.seed + generation, factor=factor).propose(programs, run.evidence(pid))
     except OperatorError as e:
-        exp.state.history.append({**record, "outcome": "operator_rejected", "kind": e.kind, "reason": e.reason[:300]})
-        exp.say(f"gen {generation}: compounding {factor} of {other} into {pid} failed: {e.reason[:160]}")
+        run.state.history.append({**record, "outcome": "operator_rejected", "kind": e.kind, "reason": e.reason[:300]})
+        run.say(f"gen {generation}: compounding {factor} of {other} into {pid} failed: {e.reason[:160]}")
         return False
     iv.hypothesis = (f"If {pid} takes {factor} (promoted on {other}'s lineage) beside its own promoted factors, "
                      "held-out score rises, because promoted factors that each beat their control add up.")
-    exp.say(f"gen {generation}: compounding promoted factors: {pid} with {other}'s {factor}")
-    cases = exp.labels.cases() if exp.cfg.evolution.backtest else []
-    return admit(exp, iv, pid, [other], record, generation, cases) is not None
+    run.say(f"gen {generation}: compounding promoted factors: {pid} with {other}'s {factor}")
+    cases = run.cases() if run.backtest else []
+    return admit(run, iv, pid, [other], record, generation, cases) is not None
