@@ -221,10 +221,29 @@ def report(data: dict, level: float = 0.9) -> str:
         skipped = statistics.fmean(r["skipped_steps"] for r in rs)
         trunc = statistics.fmean(r["truncation_last8"] or 0 for r in rs)
         lines.append(f"{name:<42} {len(rs):>5} {statistics.fmean(accs):>7.3f} ± {sd:.3f} {dtxt:>32} "
-                     f"{skipped:>8.1f} {trunc:>6.2f}   per seed: {' / '.join(f'{a:.3f}' for a in accs)}")
+                     f"{skipped:>8.1f} {trunc:>6.2f}   per seed: {' / '.join(f'{a:.3f}' for a in accs)}"
+                     + seed_level(rs, ref, level))
     if any("episode_scores" in r for r in runs):
         lines += ["", episode_report(data, by_variant, ref, level), "", form_ladder(data, by_variant)]
     return "\n".join(lines)
+
+
+def seed_level(rs: list[dict], ref: dict[int, dict], level: float) -> str:
+    """The comparison at the level of seeds: each seed's Δ of test accuracy and, from 3 seeds on, a t
+    interval over them. The (task, seed) bootstrap treats a seed's tasks as independent draws; seed
+    noise is larger than that, and this interval is the one that sizes a claim across seeds."""
+    deltas = [r["test_accuracy"] - ref[r["seed"]]["test_accuracy"] for r in sorted(rs, key=lambda r: r["seed"])
+              if r["seed"] in ref and r is not ref.get(r["seed"])]
+    if len(deltas) < 2:
+        return ""
+    text = f"; Δ per seed {' / '.join(f'{d:+.3f}' for d in deltas)}"
+    if len(deltas) >= 3:
+        from scipy import stats
+
+        half = stats.t.ppf(0.5 + level / 2, len(deltas) - 1) * statistics.stdev(deltas) / len(deltas) ** 0.5
+        mean = statistics.fmean(deltas)
+        text += f" (over seeds {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}])"
+    return text
 
 
 def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
