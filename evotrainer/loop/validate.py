@@ -123,8 +123,8 @@ def _guided_calls(cfg: Config, engine: str) -> None:
     the transformers engine (vLLM reports the masked distribution's logprobs)."""
     try:
         spec = seed_program(cfg).knobs.get("guided_call_share")
-    except (ConfigError, GenomeError):
-        return   # the harness check says what is wrong with it
+    except (ConfigError, GenomeError, OSError, UnicodeDecodeError):
+        return   # the harness check (_harness) says what is wrong with it
     share = cfg.grpo.guided_call_share if cfg.grpo.guided_call_share is not None else (spec or {}).get("value") or 0.0
     if not share:
         return
