@@ -68,6 +68,7 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_worked_call_prompt": ("swe_worked_call_prompt", {"shots": 3}),
     "swe_give_up_penalty": ("swe_give_up_penalty", {"penalty": 0.2}),
     "swe_guided_tool_calls": ("swe_guided_tool_calls", {"value": 0.5}),
+    "swe_raise_learning_rate": ("raise_learning_rate", {"value": 4e-4}),   # the SWE seed's 1e-4, x4
 }
 # What an episode did, per test task (fitness/episodes.py): the figures a SWE comparison reports.
 EPISODE_RATES = ("resolved", "valid_call_rate", "edited", "ran_tests", "progress")
