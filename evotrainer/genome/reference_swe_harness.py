@@ -242,7 +242,8 @@ def metrics(rollouts, groups):
     turns = [e["turns"] for e in eps]
     # The policy's own calls: an episode decoded under the call grammar (guided_call_share) is
     # well-formed by construction, so call-form rates read the free episodes when there are any.
-    free = [e for e, r in zip(eps, rollouts) if not (r.get("episode") or {}).get("guided")] or eps
+    guided = [bool((r.get("episode") or {}).get("guided")) for r in rollouts]
+    free = [e for e, g in zip(eps, guided) if not g] or eps
     free_calls = sum(e["calls"] for e in free)
     out = {
         "num_rollouts": float(len(rollouts)),
@@ -260,7 +261,7 @@ def metrics(rollouts, groups):
         "tool_calls_per_turn": calls / sum(turns) if sum(turns) else 0.0,
         "tool_failure_rate": sum(e["failed"] for e in free) / free_calls if free_calls else 0.0,
         "malformed_call_rate": sum(e["malformed"] for e in free) / free_calls if free_calls else 0.0,
-        "guided_episode_rate": 1.0 - len(free) / len(eps) if len(free) < len(eps) else 0.0,
+        "guided_episode_rate": _mean([1.0 if g else 0.0 for g in guided]),
         "self_test_rate": _mean([1.0 if e["self_test"] else 0.0 for e in eps]),
         "edit_rate": _mean([1.0 if e["edited"] else 0.0 for e in eps]),
         "files_edited_mean": _mean([e["files_edited"] for e in eps]),
