@@ -255,10 +255,12 @@ def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
     out = Path(data.get("out") or "runs/headroom_swe")
     lines = ["training episodes' call form, first two steps -> last two (share of turns fenced / with the ```tool "
              "fence; named calls)"]
+    guided: list[str] = []
     for name, rs in by_variant.items():
         for r in sorted(rs, key=lambda r: r["seed"]):
-            rows = [x for x in VersionDir(out / name / f"seed{r['seed']}").rollouts("train")
-                    if not (x.episode or {}).get("guided")]
+            every = VersionDir(out / name / f"seed{r['seed']}").rollouts("train")
+            guided += guided_line(name, r["seed"], every)
+            rows = [x for x in every if not (x.episode or {}).get("guided")]
             if not rows:
                 continue
             steps = sorted({x.step for x in rows})
@@ -272,29 +274,25 @@ def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
                 parts.append(f"{sum('```' in t for t in turns) / n:.2f} / {sum('```tool' in t for t in turns) / n:.2f}; "
                              f"{named}")
             lines.append(f"  {name} seed {r['seed']}: {parts[0]} -> {parts[1]}")
-    guided = guided_episodes(out, by_variant)
-    return "\n".join(lines + ([""] + guided if guided else []))
+    if guided:
+        lines += ["", "training episodes, guided vs free (per episode; accepted calls per call)"] + guided
+    return "\n".join(lines)
 
 
-def guided_episodes(out: Path, by_variant: dict[str, list[dict]]) -> list[str]:
-    """What the guided training episodes did (``guided_call_share``): accepted calls, edits, test runs,
-    resolutions, against the free episodes of the same steps."""
-    lines = []
-    for name, rs in by_variant.items():
-        for r in sorted(rs, key=lambda r: r["seed"]):
-            rows = VersionDir(out / name / f"seed{r['seed']}").rollouts("train")
-            if not any((x.episode or {}).get("guided") for x in rows):
-                continue
-            cells = []
-            for label, want in (("guided", True), ("free", False)):
-                eps = [x for x in rows if bool((x.episode or {}).get("guided")) == want]
-                calls = sum(len(episode_calls(x)) for x in eps)
-                cells.append(f"{label} {len(eps)}: accepted calls {sum(valid_calls(x) for x in eps) / max(1, calls):.2f}, "
-                             f"edited {statistics.fmean(edited(x) for x in eps):.2f}, "
-                             f"ran tests {statistics.fmean(ran_tests(x) for x in eps):.2f}, "
-                             f"resolved {statistics.fmean(resolved(x) for x in eps):.2f}")
-            lines.append(f"  {name} seed {r['seed']}: " + "; ".join(cells))
-    return ["training episodes, guided vs free (per episode; accepted calls per call)"] + lines if lines else []
+def guided_line(name: str, seed: int, rows) -> list[str]:
+    """What a run's guided training episodes did (``guided_call_share``): accepted calls, edits, test
+    runs, resolutions, against its free episodes; no line for a run without guided episodes."""
+    if not any((x.episode or {}).get("guided") for x in rows):
+        return []
+    cells = []
+    for label, want in (("guided", True), ("free", False)):
+        eps = [x for x in rows if bool((x.episode or {}).get("guided")) == want]
+        calls = sum(len(episode_calls(x)) for x in eps)
+        cells.append(f"{label} {len(eps)}: accepted calls {sum(valid_calls(x) for x in eps) / max(1, calls):.2f}, "
+                     f"edited {statistics.fmean(edited(x) for x in eps):.2f}, "
+                     f"ran tests {statistics.fmean(ran_tests(x) for x in eps):.2f}, "
+                     f"resolved {statistics.fmean(resolved(x) for x in eps):.2f}")
+    return [f"  {name} seed {seed}: " + "; ".join(cells)]
 
 
 def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int, dict], level: float) -> str:

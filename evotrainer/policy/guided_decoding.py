@@ -17,6 +17,7 @@ group is steered, so the unguided rest shows whether the policy has learned the 
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Sequence
 
@@ -24,8 +25,7 @@ import torch
 
 log = logging.getLogger(__name__)
 LOGPROB_FLOOR = -1e4   # a token outside the policy's nucleus: finite, like the trainer's top-p filter value
-_TOKENIZERS: dict[tuple[int, int], object] = {}
-_GRAMMARS: dict[str, object] = {}
+_TOKENIZERS: dict[tuple[int, int], tuple[object, object]] = {}   # (id, vocab) -> (tokenizer, its llguidance view)
 
 
 def _llguidance():
@@ -41,21 +41,20 @@ def _llguidance():
 def ll_tokenizer(tokenizer, vocab: int):
     """The llguidance view of ``tokenizer`` for logits of width ``vocab`` (built once: ~2 s)."""
     key = (id(tokenizer), vocab)
-    if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = _llguidance().hf.from_tokenizer(tokenizer, n_vocab=vocab)
-    return _TOKENIZERS[key]
+    if key not in _TOKENIZERS:   # the tokenizer is kept with its view, so its id is never reused
+        _TOKENIZERS[key] = (tokenizer, _llguidance().hf.from_tokenizer(tokenizer, n_vocab=vocab))
+    return _TOKENIZERS[key][1]
 
 
+@functools.lru_cache(maxsize=256)   # one grammar per repository (its file paths): bounded over a long run
 def compile_grammar(lark: str):
     """A grammar's compiled form; a grammar llguidance cannot read is a ValueError naming why."""
-    if lark not in _GRAMMARS:
-        ll = _llguidance()
-        grammar = ll.LLMatcher.grammar_from_lark(lark)
-        is_error, messages = ll.LLMatcher.validate_grammar_with_warnings(grammar)
-        if is_error:
-            raise ValueError(f"the decoding grammar is not valid llguidance Lark: {'; '.join(messages)}")
-        _GRAMMARS[lark] = grammar
-    return _GRAMMARS[lark]
+    ll = _llguidance()
+    grammar = ll.LLMatcher.grammar_from_lark(lark)
+    is_error, messages = ll.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise ValueError(f"the decoding grammar is not valid llguidance Lark: {'; '.join(messages)}")
+    return grammar
 
 
 class GuidedRows:
