@@ -270,3 +270,16 @@ def test_library_is_a_registered_builtin():
     assert {"library", "llm_choice"} <= set(available_operators())
     op = get_operator("library", seed=3, weights={"mask_truncated": 2.0})
     assert isinstance(op, LibraryOperator) and op.weights["mask_truncated"] == 2.0
+
+
+@pytest.mark.parametrize("domain", ["math", "code", "swe"])
+def test_every_domains_reference_harness_lets_curriculum_and_prompt_entries_apply(domain):
+    """The curriculum and prompt entries need ``select_tasks``/``prompt`` in EVOLVE blocks; a built-in
+    reference without them would leave those entries out of that domain's search space. The blocks
+    are the engine's own defaults, so the seed still runs without a sandbox round trip for them."""
+    from evotrainer.loop.seed import DOMAIN_HARNESSES
+
+    seed = HarnessProgram.from_file(DOMAIN_HARNESSES[domain]) if domain in DOMAIN_HARNESSES else reference()
+    assert ENTRIES["pass_rate_curriculum"].unavailable(seed) is None
+    harness = Harness(seed)
+    assert harness.uses_reference("select_tasks") and harness.uses_reference("prompt")

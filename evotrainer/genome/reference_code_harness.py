@@ -179,6 +179,24 @@ def alerts(metrics, history):
 
 
 # EVOLVE-BLOCK-START
+def select_tasks(pool, stats, step, n):
+    """The engine's seeded sampler: the pool arrives shuffled for this step; train on the first n.
+
+    ``pool``: train tasks (id, prompt, difficulty, visible fields; never answers); ``stats``: task id ->
+    {"attempts", "correct"} over the lineage's recent training. A curriculum reorders by these.
+    """
+    return [t["id"] for t in pool[:n]]
+# EVOLVE-BLOCK-END
+
+
+# EVOLVE-BLOCK-START
+def prompt(task):
+    """The task's own prompt as one user message (the model keeps its default system prompt)."""
+    return [{"role": "user", "content": task["prompt"]}]
+# EVOLVE-BLOCK-END
+
+
+# EVOLVE-BLOCK-START
 def validity(rollouts, metrics, history):
     """No validity checks in the reference recipe (the engine checks the visible/hidden gap)."""
     return []
