@@ -292,7 +292,36 @@ def guided_line(name: str, seed: int, rows) -> list[str]:
                      f"edited {statistics.fmean(edited(x) for x in eps):.2f}, "
                      f"ran tests {statistics.fmean(ran_tests(x) for x in eps):.2f}, "
                      f"resolved {statistics.fmean(resolved(x) for x in eps):.2f}")
-    return [f"  {name} seed {seed}: " + "; ".join(cells)]
+    return [f"  {name} seed {seed}: " + "; ".join(cells) + guided_logprob(rows)]
+
+
+def guided_logprob(rows) -> str:
+    """How close the free policy came to writing the guided calls itself: the policy's own (unguided)
+    log-probability of the tokens the grammar let through, per token and over the first turn's first
+    three tokens (where it decides whether to open a call at all; later turns can copy the first from
+    the context), first step -> last. A greedy free call appears only once those opening tokens are
+    the policy's own argmax."""
+    guided = [x for x in rows if (x.episode or {}).get("guided")]
+    steps = sorted({x.step for x in guided})
+
+    def at(step: int) -> tuple[float, float]:
+        every, opening = [], []
+        for x in (x for x in guided if x.step == step):
+            lps = iter(x.logprobs)
+            turn: list[float] = []
+            first = True
+            for m in list(x.completion_mask) + [0]:      # a turn is a run of sampled tokens
+                if m:
+                    turn.append(next(lps))
+                elif turn:
+                    every += turn
+                    opening += turn[:3] if first else []
+                    turn, first = [], False
+        return statistics.fmean(every or [float("nan")]), statistics.fmean(opening or [float("nan")])
+
+    (a, c), (b, d) = at(steps[0]), at(steps[-1])
+    return (f"; the policy's own log p of the guided calls, step {steps[0]} -> {steps[-1]}: per token "
+            f"{a:.2f} -> {b:.2f}, the first turn's first 3 tokens {c:.2f} -> {d:.2f}")
 
 
 def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int, dict], level: float) -> str:

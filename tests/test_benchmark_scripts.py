@@ -49,7 +49,7 @@ def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
     progress, paired with the reference; and how far up the call-form ladder training got."""
     args = [str(ROOT / "benchmarks" / "headroom.py"), "--config", str(ROOT / "examples" / "evolve_swe.yaml"),
             "--model", "tiny-random", "--steps", "1", "--seeds", "0", "--n-test", "2",
-            "--variants", "reference,swe_call_form_credit", "--out", "runs", "--json", "h.json"]
+            "--variants", "reference,swe_call_form_credit,swe_guided_tool_calls", "--out", "runs", "--json", "h.json"]
     out = _run(args, tmp_path)
     data = json.loads((tmp_path / "h.json").read_text())
     for r in data["runs"]:
@@ -57,6 +57,8 @@ def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
         assert all(len(v) == 2 for v in r["episode_scores"].values())
     assert "episode rates on the test split" in out and "swe_call_form_credit (1 seed(s)): resolved" in out
     assert "swe_call_form_credit seed 0:" in out and "->" in out   # the form ladder, read from the run dirs
+    # guided episodes: how close the free policy's own log-probabilities came to the guided calls
+    assert "swe_guided_tool_calls seed 0: guided" in out and "the policy's own log p of the guided calls" in out
 
 
 def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks():
