@@ -42,6 +42,9 @@ def test_headroom_trains_variants_and_pairs_them_with_the_reference(tmp_path):
     again = _run(args, tmp_path)            # resumes: nothing left to run
     assert "seed 0 ..." not in again and len(json.loads((tmp_path / "h.json").read_text())["runs"]) == 2
     assert "nothing to set the signals against" in _run([args[0], "--json", "h.json", "--signals"], tmp_path)
+    fired = _run([args[0], "--json", "h.json", "--fires"], tmp_path)   # the reference run's own health report
+    assert "reference seed 0: alerts" in fired
+    assert "fires rloo_advantages" in fired or "fired on no reference report: rloo_advantages" in fired
 
 
 def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
