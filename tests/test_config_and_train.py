@@ -1,6 +1,7 @@
 """Config validation and `evotrainer train` end to end on the tiny model (real sandbox, real LoRA)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -33,8 +34,12 @@ def test_wrong_type_and_bad_yaml(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
-def test_examples_are_valid_configs():
-    load_config("examples/train_math.yaml")
+def test_examples_and_benchmark_configs_are_valid_configs():
+    root = Path(__file__).resolve().parents[1]
+    paths = sorted((root / "examples").glob("*.yaml")) + sorted((root / "benchmarks" / "configs").glob("*.yaml"))
+    assert len(paths) >= 8
+    for path in paths:
+        load_config(path)   # raises ConfigError naming the field
 
 
 def test_train_command_end_to_end_on_tiny_model(tmp_path, capsys):
