@@ -13,6 +13,10 @@ The table is the target the search must reach and the effect size its gate must 
     python benchmarks/headroom.py --combine longer_completions+lower_temperature --json ...
     python benchmarks/headroom.py --config examples/evolve_swe.yaml --steps 8 --n-test 16 --json .../headroom_swe.json
     python benchmarks/headroom.py --model tiny-random --steps 2 --seeds 0 --n-test 8 --variants reference,rloo_advantages
+    python benchmarks/headroom.py --config examples/evolve_swe.yaml --init-adapter runs/.../seed0/adapter ...  # the next rung
+
+``--init-adapter`` starts every run (and the "untrained" row) from a trained adapter instead of the
+base model: the next rung of a ladder, each variant trained on from where an earlier run ended.
 
 Runs go seed by seed (every variant for seed 0, then seed 1, ...), each written to ``--json`` as it
 finishes; a rerun skips what is there, so a stopped benchmark resumes. ``--report`` prints the table
@@ -69,6 +73,7 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_give_up_penalty": ("swe_give_up_penalty", {"penalty": 0.2}),
     "swe_guided_tool_calls": ("swe_guided_tool_calls", {"value": 0.5}),
     "swe_raise_learning_rate": ("raise_learning_rate", {"value": 4e-4}),   # the SWE seed's 1e-4, x4
+    "swe_repeat_penalty": ("swe_repeat_penalty", {"weight": 0.3}),
 }
 
 
@@ -91,8 +96,10 @@ def build_variant(name: str, seed: HarnessProgram) -> HarnessProgram:
     return program
 
 
-def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root: Path) -> dict:
-    """Trains ``program`` from the seed for ``steps`` steps and verifies it on the test split."""
+def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root: Path,
+            init_adapter: str | None = None) -> dict:
+    """Trains ``program`` from the seed (or ``init_adapter``) for ``steps`` steps and verifies it on the
+    test split."""
     import torch
 
     from evotrainer.domains import build_domain
@@ -112,7 +119,7 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
     c.train.steps = steps
     c.grpo = type(cfg.grpo)()          # the genome holds the knobs already
     t0 = time.perf_counter()
-    result = train_branch(c, validate=True, overwrite=True)
+    result = train_branch(c, validate=True, overwrite=True, init_adapter=init_adapter)
     train_s = time.perf_counter() - t0
     # The test split, asked as the harness asks (its prompt hook), greedy as the loop's final pick is.
     domain = build_domain(c.domain)
@@ -171,8 +178,8 @@ def episode_scores(rollouts) -> dict[str, dict[str, float]]:
     return out
 
 
-def base_scores(cfg) -> dict:
-    """The untrained model on the test split (the start every run is measured against)."""
+def base_scores(cfg, init_adapter: str | None = None) -> dict:
+    """The untrained model (or ``init_adapter``) on the test split: the start every run is measured against."""
     from evotrainer.domains import build_domain
     from evotrainer.policy.base_model import load_base_model
     from evotrainer.policy.collect import default_prompt
@@ -183,7 +190,10 @@ def base_scores(cfg) -> dict:
     domain = build_domain(cfg.domain)
     model, tok = load_base_model(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
     policy = Policy(model, tok, LoraSettings(**cfg.lora.model_dump()))
-    return score_test(cfg, domain, build_engine(cfg, policy, "transformers"), policy, None, default_prompt)
+    if init_adapter:
+        policy.load("v0", init_adapter)
+    return score_test(cfg, domain, build_engine(cfg, policy, "transformers"), policy,
+                      "v0" if init_adapter else None, default_prompt)
 
 
 def main(argv=None) -> None:
@@ -197,6 +207,8 @@ def main(argv=None) -> None:
     ap.add_argument("--combine", action="append", default=[], help="a+b[+c]: entries applied together")
     ap.add_argument("--out", default="runs/headroom", help="run directories (adapters, rollouts)")
     ap.add_argument("--json", required=True)
+    ap.add_argument("--init-adapter", default=None, help="start every run from this LoRA adapter (a version's "
+                    "adapter/ folder) instead of the base model")
     ap.add_argument("--report", action="store_true", help="print the table from --json and stop")
     ap.add_argument("--fires", action="store_true", help="print which library entries the reference runs' health "
                     "reports trigger, and stop")
@@ -220,11 +232,18 @@ def main(argv=None) -> None:
         n for n in singles if not (cfg.domain.name == "code" and n in CODE_SKIP)]
     names += args.combine
     programs = {n: build_variant(n, seed_prog) for n in names}
+    if data["runs"] and data.get("init_adapter") != args.init_adapter:
+        raise SystemExit(f"{path} holds runs that started from {data.get('init_adapter') or 'the base model'}, not "
+                         f"{args.init_adapter or 'the base model'}: use another --json")
+    if args.init_adapter:
+        from evotrainer.loop.train_branch import check_init_adapter
+
+        check_init_adapter(cfg, args.init_adapter)   # a wrong folder is said before any compute
     data.update(domain=cfg.domain.name, steps=args.steps, n_test=args.n_test, config=args.config, model=cfg.model,
-                out=args.out)
+                out=args.out, init_adapter=args.init_adapter)
     if "base" not in data:
-        print("untrained model on the test split ...", flush=True)
-        data["base"] = base_scores(cfg)
+        print(f"{'the init adapter' if args.init_adapter else 'untrained model'} on the test split ...", flush=True)
+        data["base"] = base_scores(cfg, args.init_adapter)
         path.write_text(json.dumps(data, indent=1))
     done = {(r["variant"], r["seed"]) for r in data["runs"]}
     for seed in [int(s) for s in args.seeds.split(",")]:
@@ -232,7 +251,7 @@ def main(argv=None) -> None:
             if (name, seed) in done:
                 continue
             print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} ...", flush=True)
-            r = run_one(cfg, name, programs[name], seed, args.steps, Path(args.out))
+            r = run_one(cfg, name, programs[name], seed, args.steps, Path(args.out), args.init_adapter)
             data["runs"].append(r)
             path.write_text(json.dumps(data, indent=1))
             print(f"  test {r['test_accuracy']:.3f}, {r['skipped_steps']} skipped steps, {r['wall_s']:.0f} s", flush=True)

@@ -45,6 +45,18 @@ def test_headroom_trains_variants_and_pairs_them_with_the_reference(tmp_path):
     fired = _run([args[0], "--json", "h.json", "--fires"], tmp_path)   # the reference run's own health report
     assert "reference seed 0: alerts" in fired
     assert "fires rloo_advantages" in fired or "fired on no reference report: rloo_advantages" in fired
+    # The next rung: every run (and the start row) from a trained adapter, never mixed with runs from the base.
+    adapter = tmp_path / "runs" / "reference" / "seed0" / "adapter"
+    rung = [args[0], "--config", args[2], "--model", "tiny-random", "--steps", "1", "--seeds", "0", "--n-test", "6",
+            "--variants", "reference", "--out", "runs2", "--init-adapter", str(adapter)]
+    _run(rung + ["--json", "h2.json"], tmp_path)
+    assert json.loads((tmp_path / "h2.json").read_text())["init_adapter"] == str(adapter)
+    started = json.loads((tmp_path / "runs2" / "reference" / "seed0" / "init_adapter.json").read_text())
+    assert started["from"] == str(adapter.resolve())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    mixed = subprocess.run([sys.executable, *rung, "--json", "h.json"], env=env, capture_output=True, text=True,
+                           timeout=900, cwd=tmp_path)
+    assert mixed.returncode != 0 and "holds runs that started from the base model" in mixed.stderr
 
 
 def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):

@@ -219,3 +219,38 @@ def test_a_version_that_was_never_trained_is_refused(run, tmp_path, capsys):
     assert main(["rerun", str(copy), "v0003"]) == 2
     assert "v0003 was never trained and verified" in capsys.readouterr().err
     assert not (copy / "reruns").exists()
+
+
+def test_train_can_start_from_a_saved_adapter(run, tmp_path):
+    """`train_branch(init_adapter=...)` trains on from a version's adapter, not from fresh weights (whose
+    LoRA B matrices are zero): with no steps the version it writes holds the saved weights exactly, the
+    source folder is left as it was, and the version says where it started."""
+    from evotrainer.loop.train_branch import train_branch
+
+    source = run / "versions" / "v0000" / "adapter"
+    saved, before = load_file(source / "adapter_model.safetensors"), tree(source, skip=())
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in saved.items()), "a trained adapter"
+    cfg = parse_config(json.loads((run / "config.json").read_text()))
+    cfg = cfg.model_copy(update={"run_dir": str(tmp_path / "cont")})
+    cfg.train.steps = 0
+    result = train_branch(cfg, init_adapter=source)
+    got = load_file(result.version_dir / "adapter" / "adapter_model.safetensors")
+    assert got.keys() == saved.keys() and all(torch.equal(got[k], saved[k]) for k in saved)
+    assert json.loads((result.version_dir / "init_adapter.json").read_text())["from"] == str(source.resolve())
+    assert tree(source, skip=()) == before
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda a: (a / "adapter_config.json").unlink(), "holds no adapter_config.json"),
+    (lambda a: (a / "adapter_config.json").write_text(
+        json.dumps({**json.loads((a / "adapter_config.json").read_text()), "r": 4})), "r 4 (config: 16)"),
+])
+def test_train_from_an_adapter_it_cannot_use_is_refused_before_any_compute(run, tmp_path, capsys, spoil, message):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(run / "versions" / "v0000" / "adapter", adapter)
+    spoil(adapter)
+    out = tmp_path / "out"
+    assert main(["train", str(run / "config.json"), "--run-dir", str(out), "--init-adapter", str(adapter)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: init adapter") and message in err and "Traceback" not in err
+    assert not out.exists()

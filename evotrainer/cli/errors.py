@@ -28,6 +28,7 @@ USER_ERRORS = {
     "evotrainer.loop.skills": ("SkillLibraryError",),
     "evotrainer.fitness.labels": ("LabelStoreError",),
     "evotrainer.records.rollout": ("RolloutFileError",),
+    "evotrainer.loop.train_branch": ("InitAdapterError",),
 }
 
 

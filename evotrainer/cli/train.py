@@ -25,9 +25,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.train.steps = args.steps
     if args.run_dir:
         cfg.run_dir = args.run_dir
-    validate_resources(cfg, loop=False, say=lambda msg: console.print(f"[yellow]{msg}[/yellow]"))
     # The trainer pulls in torch and transformers: imported only when a branch is really trained.
-    from evotrainer.loop.train_branch import train_branch
+    from evotrainer.loop.train_branch import check_init_adapter, train_branch
+
+    if args.init_adapter:   # a wrong folder is said before the resource checks and any compute
+        check_init_adapter(cfg, args.init_adapter)
+    validate_resources(cfg, loop=False, say=lambda msg: console.print(f"[yellow]{msg}[/yellow]"))
     from evotrainer.policy.train_step import STEP_COLUMNS
 
     columns = ("step",) + STEP_COLUMNS + ("step_seconds",)
@@ -38,7 +41,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(" ".join(f"{_fmt(m.get(c, float('nan'))):>11}" for c in columns), flush=True)
 
     result = train_branch(cfg, on_step=on_step, on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-                          validate=False, overwrite=args.overwrite)
+                          validate=False, overwrite=args.overwrite, init_adapter=args.init_adapter)
     table = Table(title=f"held-out accuracy ({cfg.domain.name})")
     table.add_column("before")
     table.add_column("after")
@@ -55,4 +58,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="override run_dir (the version directory written)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the trained version in the directory (once the new training succeeded)")
+    p.add_argument("--init-adapter", metavar="DIR",
+                   help="start from this LoRA adapter (e.g. a version's adapter/ folder) instead of a fresh one")
     p.set_defaults(func=cmd_train)

@@ -2,7 +2,8 @@
 
 The steps are the loop's own (:class:`~evotrainer.loop.training.BranchTraining`, on a
 :class:`~evotrainer.loop.training.StandaloneContext`): the branch is a seed version, ``v0``, trained
-``train.steps`` steps from a fresh adapter. Held-out accuracy is measured by the engine before and
+``train.steps`` steps from a fresh adapter, or from a saved one (``init_adapter``: a version's
+``adapter/`` folder, to train it further under another harness). Held-out accuracy is measured by the engine before and
 after, with data the harness never sees.
 
 The new version is written beside the directory's old one (``.partial/``) and moved in only once it
@@ -11,6 +12,7 @@ is whole, its ``meta.json`` last: a failed or killed training leaves the old ver
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -33,6 +35,10 @@ BRANCH = "v0"
 PARTIAL = ".partial"
 
 
+class InitAdapterError(ValueError):
+    """An ``init_adapter`` that this config cannot train from (the message says what to fix)."""
+
+
 @dataclass
 class TrainResult:
     version_dir: Path
@@ -43,11 +49,15 @@ class TrainResult:
 
 def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None = None,
                  on_event: Callable[[str], None] | None = None, validate: bool = True,
-                 overwrite: bool = False) -> TrainResult:
+                 overwrite: bool = False, init_adapter: str | Path | None = None) -> TrainResult:
     """Trains one branch of ``cfg.model`` under ``cfg.harness`` and records it as a version dir.
     ``validate=False``: the caller has run ``validate_resources`` already. A directory that holds a
-    trained version is refused unless ``overwrite`` (then it is replaced once this training succeeded)."""
+    trained version is refused unless ``overwrite`` (then it is replaced once this training succeeded).
+    ``init_adapter``: start from this saved LoRA adapter instead of a fresh one (it is copied, never
+    written to); the version records where it came from in ``init_adapter.json``."""
     say = on_event or (lambda msg: None)
+    if init_adapter is not None:   # before any compute: a wrong folder is the user's to fix
+        init_adapter = check_init_adapter(cfg, init_adapter)
     if validate:   # before any compute, and before the directory is touched
         validate_resources(cfg, loop=False, say=say)
     program = seed_program(cfg)
@@ -59,6 +69,10 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
             raise rundir.RunDirError(f"{out.path} holds a trained version already (meta.json): train into a new "
                                      "--run-dir, or pass --overwrite to replace it once the new training succeeded")
         partial = _pending_version(out.path / PARTIAL, cfg, program)
+        if init_adapter is not None:   # BranchTraining loads an adapter it finds instead of a fresh one
+            shutil.copytree(init_adapter, partial.adapter_dir)
+            write_atomic(partial.path / "init_adapter.json", json.dumps({"from": str(init_adapter)}))
+            say(f"starting from the adapter in {init_adapter}")
         ctx = StandaloneContext(cfg, vdir=lambda vid: partial, say=say)
         rt = ctx.runtime
         say(f"loading {cfg.model} (rollout engine: {rt.engine_name})")
@@ -90,6 +104,28 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
             say(f"replacing the version in {out.path} (--overwrite)")
         _move_in(partial.path, out.path)
     return TrainResult(out.path, acc_before, acc_after, steps)
+
+
+def check_init_adapter(cfg: Config, path: str | Path) -> Path:
+    """``path`` as an adapter this config's LoRA settings can train, or an InitAdapterError saying why not."""
+    path = Path(path).expanduser().resolve()
+    conf = path / "adapter_config.json"
+    if not conf.is_file():
+        raise InitAdapterError(f"init adapter {path} holds no adapter_config.json: name a LoRA adapter folder, "
+                         "e.g. a version's adapter/ folder (runs/<run>/versions/<id>/adapter)")
+    try:
+        saved = json.loads(conf.read_text())
+    except json.JSONDecodeError as e:
+        raise InitAdapterError(f"init adapter {conf} is not valid JSON ({e}): restore the adapter folder") from None
+    want = cfg.lora.model_dump()
+    differ = [f"{k} {saved.get(k)!r} (config: {want[k]!r})" for k in ("r", "lora_alpha")
+              if saved.get(k) != want[k]]
+    if sorted(saved.get("target_modules") or []) != sorted(want["target_modules"]):
+        differ.append(f"target_modules {sorted(saved.get('target_modules') or [])} (config: {sorted(want['target_modules'])})")
+    if differ:
+        raise InitAdapterError(f"init adapter {path} was trained with other LoRA settings: {'; '.join(differ)}; set the "
+                         "config's lora section to the adapter's values")
+    return path
 
 
 def _pending_version(path: Path, cfg: Config, program: HarnessProgram) -> VersionDir:
