@@ -10,7 +10,9 @@ seeds. Two fair views of the same question (FIELD-NOTES), both reported:
 - **depth**: equal lineage depth, the method paper's protocol. Every mode runs ``--steps /
   steps_per_generation`` generations with no step budget, so the final pick has trained as many steps
   on its lineage as the reference; the harness-changing modes explore in the first half (exploit
-  share 0.5 of the generations) and their exploration is reported as extra steps.
+  share 0.5 of the generations) and their exploration is reported as extra steps. The reference is
+  one lineage of ``--steps`` steps under both protocols, so its total run stands for both (trained
+  once; two runs of one config differ only by float noise, which is no reason to pay for it twice).
 
 A run's result is its final pick: the best valid survivor on the held-out selection draw (or the
 untrained model, when every survivor ranks below it), which the run itself verifies on the test split
@@ -191,6 +193,13 @@ def main() -> None:
                                  for p_ in args.protocols.split(",") for m_ in args.modes.split(",")]:
             name = f"{args.label or mode}@{protocol}"
             if any(r["seed"] == seed for r in results.get(name, [])):
+                continue
+            same = results.get(f"{args.label or mode}@total", [])
+            if mode == "reference" and protocol == "depth" and any(r["seed"] == seed for r in same):
+                # One lineage trained --steps steps either way: the total protocol's run is this one.
+                results.setdefault(name, []).append({**next(r for r in same if r["seed"] == seed), "same_run_as": "total"})
+                print(f"{name:>13} seed {seed}: the reference@total run (one lineage of {args.steps} steps in both "
+                      "protocols)", flush=True)
                 continue
             cfg = load_config(args.config)
             cfg.seed, cfg.evolution.mode = seed, mode

@@ -113,3 +113,23 @@ def test_gpu_loop_runs_two_generations_on_both_engines_on_the_cpu(tmp_path):
         assert r["tokens_per_s"] > 0 and r["peak_gib"] > 0 and not r["adapter_refusals"]
         assert all(s in ("kept", "promoted", "pruned") for s in r["versions"].values()), r["versions"]
     assert "rollout tok/s" in out
+
+
+def test_compare_modes_runs_both_protocols_and_trains_the_reference_once(tmp_path):
+    """Every mode under both protocols on the tiny model: the tables of each protocol, the reference's
+    one lineage standing for both (trained once), and a rerun with the same --json runs nothing."""
+    args = [str(ROOT / "benchmarks" / "compare_modes.py"), "--config", str(ROOT / "examples" / "quickstart.yaml"),
+            "--model", "tiny-random", "--steps", "2", "--steps-per-generation", "1", "--seeds", "0",
+            "--eval-size", "4", "--set", "evolution.llm.model=tiny-random", "--set", "domain.n_test=4",
+            "--out", "runs", "--json", "c.json"]
+    out = _run(args, tmp_path)
+    results = json.loads((tmp_path / "c.json").read_text())["results"]
+    assert set(results) == {f"{m}@{p}" for m in ("reference", "evolve", "random-library") for p in ("total", "depth")}
+    assert results["reference@depth"][0]["same_run_as"] == "total"
+    assert results["reference@depth"][0]["test_scores"] == results["reference@total"][0]["test_scores"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(
+        f"{m}-{p}-s0" for m in ("reference", "evolve", "random-library") for p in ("total", "depth")
+        if (m, p) != ("reference", "depth"))
+    assert "equal total" in out.lower() and "depth" in out.lower()
+    again = _run(args, tmp_path)
+    assert "resuming from" in again and " seed 0: best" not in again
