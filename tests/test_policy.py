@@ -267,3 +267,26 @@ def test_a_model_folder_without_a_chat_template_is_said_to_get_chatml(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="evotrainer.policy.base_model"):
         load_tokenizer("tiny-random")
     assert not any("chat template" in r.getMessage() for r in caplog.records)
+
+
+def test_a_fresh_adapter_is_drawn_from_the_policy_seed_alone():
+    """What a process drew before (another model loaded, sampling) does not change a fresh adapter: one
+    seed, the same LoRA A matrices; another seed, others. The global random stream is left as it was."""
+    def lora_a(seed, draws_before):
+        model, tok = load_base_model("tiny-random", seed=0)
+        pol = Policy(model, tok, LoraSettings(r=8, lora_alpha=16), seed=seed)
+        torch.rand(draws_before)
+        pol.create(f"b{draws_before}")
+        name = f"b{draws_before}"
+        return {k.replace(name, "x"): v.detach().clone() for k, v in pol.model.named_parameters() if "lora_A" in k}
+
+    first, second, other = lora_a(3, 1), lora_a(3, 1000), lora_a(4, 1)
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+    torch.manual_seed(11)
+    expected = torch.rand(3)
+    torch.manual_seed(11)
+    model, tok = load_base_model("tiny-random", seed=0)
+    torch.manual_seed(11)
+    Policy(model, tok, LoraSettings(r=8, lora_alpha=16), seed=5).create("c")
+    assert torch.equal(torch.rand(3), expected)

@@ -33,6 +33,7 @@ def run(tmp_path_factory):
     (root / "harness.py").write_text(source)
     cfg = tiny_cfg(root / "run", generations=2, steps_per_generation=2, operators={"knobs": 1.0})
     cfg["harness"], cfg["train"]["carry_optimizer"] = str(root / "harness.py"), True
+    cfg["seed"] = 2   # a seed whose every step has a live group on the tiny model (seeds 0 and 1 have a dead step)
     exp = Experiment(parse_config(cfg))
     exp.run()
     exp.close()

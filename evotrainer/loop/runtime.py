@@ -73,7 +73,7 @@ class Runtime:
             model, tok = load_base_model(self.cfg.model, dtype=self.cfg.dtype, device=self.cfg.device,
                                          seed=self.cfg.seed, **tiny_overrides(self.cfg, self.engine_name))
             policy = Policy(model, tok, LoraSettings(**self.cfg.lora.model_dump()),
-                            gradient_checkpointing=self.cfg.train.gradient_checkpointing)
+                            gradient_checkpointing=self.cfg.train.gradient_checkpointing, seed=self.cfg.seed)
             policy.create(SCRATCH)
         return policy
 

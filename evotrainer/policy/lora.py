@@ -42,8 +42,9 @@ class Policy:
     """A base model with named LoRA adapters; ``adapter(name)`` selects one for a block of work."""
 
     def __init__(self, model, tokenizer, lora: LoraSettings | None = None, packed: bool = True,
-                 gradient_checkpointing: bool = False) -> None:
+                 gradient_checkpointing: bool = False, seed: int = 0) -> None:
         self.tokenizer = tokenizer
+        self.seed = seed   # a fresh adapter's random A matrices come from it alone (create)
         if gradient_checkpointing:   # non-reentrant: the frozen embeddings' outputs need no grad for it
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.lora = lora or LoraSettings()
@@ -56,12 +57,18 @@ class Policy:
 
     # ---- creating, saving, loading, forking -------------------------------------------------
     def create(self, name: str) -> None:
-        """A fresh adapter (B = 0, so it starts equal to the base model)."""
+        """A fresh adapter (B = 0, so it starts equal to the base model). Its random A matrices are drawn
+        from the policy's seed alone, not from whatever the process drew before: two runs with one seed
+        start from the same weights (a mode that first loads an LLM operator consumed other draws, and
+        the same recipe then ended 0.09 apart on 128 test tasks: benchmarks/results/compare_modes_code)."""
         self._require_new(name)
-        if self.model is None:
-            self.model = get_peft_model(self.base_model, self.lora.peft_config(), adapter_name=name)
-        else:
-            self.model.add_adapter(name, self.lora.peft_config())
+        device = next(self.base_model.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(self.seed)
+            if self.model is None:
+                self.model = get_peft_model(self.base_model, self.lora.peft_config(), adapter_name=name)
+            else:
+                self.model.add_adapter(name, self.lora.peft_config())
         self.branches.append(name)
 
     def load(self, name: str, adapter_dir: str | Path) -> None:
