@@ -104,12 +104,19 @@ def test_random_library_draws_entries_without_reading_the_report(tmp_path):
     empty = Evidence(health_report={"metrics": {}})
     with pytest.raises(OperatorError, match="fires"):
         get_operator("library").propose([reference()], empty)
+    from evotrainer.operators.library import default_entries
+
+    episode_entries = {e.id for e in default_entries() if e.episodes_only}
+    assert {"swe_history_validity", "swe_history_validity_gap"} <= episode_entries
     seen = set()
-    for seed in range(12):
+    for seed in range(40):
         iv = get_operator("random_library", seed=seed).propose([reference()], empty)
         assert iv.operator == "random_library"
         seen.add(iv.details["entry"])
     assert len(seen) >= 5
+    # Best-of-N over what could apply: never an episode entry (SWE tool calls, git history) for a
+    # single-turn parent, which would be a child that cannot differ from its parent.
+    assert not seen & episode_entries
     exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=2, mode="random-library")))
     exp.run()
     kids = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().operator]

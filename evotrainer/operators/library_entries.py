@@ -335,11 +335,11 @@ ENTRIES: tuple[LibraryEntry, ...] = (
         "hook:validity", (when("history_call_rate", ">", 0.0),),
         HISTORY_CHECK_HYPOTHESIS, SMALL_GAP,
         "the SWE git-history leak (agentic RL field notes): a policy read the fix from the repository's history",
-        template=HISTORY_VALIDITY, params=(Param("min_share", (0.1, 0.25, 0.5)),)),
+        template=HISTORY_VALIDITY, params=(Param("min_share", (0.1, 0.25, 0.5)),), episodes_only=True),
     LibraryEntry(
         "swe_history_validity_gap", "validity: flag resolution that rides on git-history commands, on a train/held-out gap",
         "hook:validity", (when("train_heldout_gap", ">", 0.3), when("turns_mean", ">", 0.0)),
         HISTORY_CHECK_HYPOTHESIS, SMALL_GAP,
         "the SWE git-history leak (agentic RL field notes): training resolution far above held-out",
-        template=HISTORY_VALIDITY, params=(Param("min_share", (0.1, 0.25, 0.5)),)),
+        template=HISTORY_VALIDITY, params=(Param("min_share", (0.1, 0.25, 0.5)),), episodes_only=True),
 )
