@@ -74,6 +74,7 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_guided_tool_calls": ("swe_guided_tool_calls", {"value": 0.5}),
     "swe_raise_learning_rate": ("raise_learning_rate", {"value": 4e-4}),   # the SWE seed's 1e-4, x4
     "swe_repeat_penalty": ("swe_repeat_penalty", {"weight": 0.3}),
+    "swe_progress_credit": ("swe_progress_credit", {"credit": 0.3}),
 }
 
 

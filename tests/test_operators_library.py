@@ -50,8 +50,9 @@ def test_the_library_covers_the_known_interventions():
         # A validity hook changes no training: its claim is the engine's train/held-out gap it guards
         # (measured after training); its credit is its score on labelled history (the backtest).
         guarded = ("train_heldout_gap",) if target == "validity" else ()
-        # An episode entry may claim the call-form rate the SWE harness measures on the child's rollouts.
-        episodes = ("malformed_call_rate",) if e.episodes_only else ()
+        # An episode entry may claim the call-form rate the SWE harness measures on the child's rollouts,
+        # or the progress rate the engine measures on them (both judged after training).
+        episodes = ("malformed_call_rate", "train_progress_rate") if e.episodes_only else ()
         assert e.expected_effect.metric in REPLAYED + (FITNESS_METRIC,) + guarded + episodes
         if kind == "hook":
             assert target in HOOK_PARAMS or target == e.requires_hook

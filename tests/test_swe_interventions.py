@@ -50,16 +50,28 @@ def episode(turns, resolved=False, step=0, group=0, reward=None, submitted=False
                    visible={"correct": resolved, "format_ok": True}, episode={"submitted": submitted})
 
 
+# What the 24-step run with form credit and guided calls reported (headroom_swe_24steps): every call
+# well formed, none edits or runs the tests, the same call repeated.
+CALLS_REPORT = {"metrics": {"turns_mean": 4.0, "tool_failure_rate": 0.0, "malformed_call_rate": 0.0,
+                            "dead_group_ratio": 0.21, "repeat_call_rate": 0.69, "train_valid_call_rate": 0.94,
+                            "train_progress_rate": 0.0, "correct_rate": 0.0}}
+LATER = {"swe_progress_credit"}   # answers what the calls report says, not the reference's
+
+
 def test_every_swe_entry_fires_on_the_swe_report_and_makes_a_single_factor_child():
     op = get_operator("library")
     found, skipped = op.applicable(SWE, Evidence(health_report=SWE_REPORT))
-    assert set(ENTRIES) <= {a.entry.id for a in found}, skipped
+    assert set(ENTRIES) - LATER <= {a.entry.id for a in found}, skipped
+    assert not LATER & {a.entry.id for a in found}   # no progress credit while no call is well formed
+    found, skipped = op.applicable(SWE, Evidence(health_report=CALLS_REPORT))
+    assert {"swe_progress_credit", "swe_repeat_penalty"} <= {a.entry.id for a in found}, skipped
+    assert "swe_call_form_credit" not in {a.entry.id for a in found}
     for entry in ENTRIES.values():
         params = entry.combinations(SWE)[0]
         iv = propose_entry("library", SWE, entry, params, Evidence(health_report=SWE_REPORT))
         assert factors_changed(SWE, HarnessProgram(iv.child_source)) == [entry.factor]
     # On a single-turn parent (no episode metrics in its report) they are left out, and said why.
-    math_report = {"metrics": {**SWE_REPORT["metrics"]}}
+    math_report = {"metrics": {**SWE_REPORT["metrics"], "train_valid_call_rate": 0.9, "train_progress_rate": 0.0}}
     math_report["metrics"].pop("turns_mean")
     _, skipped = op.applicable(reference_program(), Evidence(health_report=math_report))
     assert all("episode" in skipped[e] for e in ENTRIES)
@@ -86,6 +98,16 @@ def test_give_up_and_repeat_penalties():
         assert h.reward([r.for_harness() for r in rs], tasks) == pytest.approx([-0.2, 0.0, 0.0, 1.0])
     with Harness(_child("swe_repeat_penalty", weight=0.3)) as h:
         assert h.reward([r.for_harness() for r in rs], tasks) == pytest.approx([0.0, 0.0, -0.2, 1.0])
+
+
+def test_the_progress_credit_pays_for_edits_and_test_runs_not_for_calls():
+    tested = turn('```tool\n{"name": "run_tests", "args": {}}\n```', name="run_tests", error=None)
+    refused_edit = turn("```tool\n...\n```", name="edit", error="search text not found in pkg/mod.py")
+    rs = [episode([ACCEPTED, ACCEPTED, ACCEPTED]), episode([REFUSED, PROSE]), episode([refused_edit]),
+          episode([ACCEPTED, EDIT]), episode([tested]), episode([EDIT, tested]), episode([PROSE], resolved=True)]
+    with Harness(_child("swe_progress_credit", credit=0.3)) as h:
+        got = h.reward([r.for_harness() for r in rs], [{"id": "t0"}] * len(rs))
+    assert got == pytest.approx([0.0, 0.0, 0.0, 0.15, 0.15, 0.3, 1.0])
 
 
 def test_the_worked_prompt_shows_well_formed_calls_before_the_issue():

@@ -10,6 +10,8 @@ every group is dead and no gradient step is taken. The entries answer the report
 - the same: a prompt with a worked exchange, showing the format rather than describing it;
 - ``giving_up``: a penalty for an episode that hands in a patch without editing anything;
 - ``echo_trap``: a penalty for repeating a call already made in the episode;
+- ``calls_without_progress`` (well-formed calls that edit nothing and run no test): a credit for
+  progress itself, an applied edit and a test run, in place of a credit for the calls' form;
 - ``tool_failures`` (malformed calls): part of each group decoded under the environment's tool-call
   grammar (``guided_call_share``), so well-formed calls reach the tools and the free rest learns from them.
 
@@ -111,6 +113,22 @@ REPEAT_PENALTY = '''def reward(rollouts, tasks):
         out.append(-$weight * repeats / len(calls) if calls else 0.0)
     return out'''
 
+PROGRESS_CREDIT = '''def reward(rollouts, tasks):
+    """1 when the patch resolves the issue. Otherwise a credit for progress, at most $credit (far below a
+    resolution): half of it for an edit the environment applied, half for running the tests. A call
+    that changes nothing (reading, listing, repeating) earns nothing, so the credit cannot be farmed
+    with well-formed calls alone."""
+    out = []
+    for r in rollouts:
+        if (r.get("visible") or {}).get("correct"):
+            out.append(1.0)
+            continue
+        calls = [c for c in (r.get("tool_calls") or []) if isinstance(c, dict) and c.get("error") is None]
+        edited = any(c.get("name") == "edit" for c in calls)
+        tested = any(c.get("name") == "run_tests" for c in calls)
+        out.append($credit * (0.5 * edited + 0.5 * tested))
+    return out'''
+
 SWE_ENTRIES: tuple[LibraryEntry, ...] = (
     LibraryEntry(
         "swe_guided_tool_calls", "knob (episodes): decode part of each group under the tool-call grammar",
@@ -150,4 +168,13 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "regain variance, because the echo trap now lowers the reward of the episodes caught in it.",
         FEWER_DEAD, "the echo-trap rule of the agentic RL field notes", template=REPEAT_PENALTY,
         params=(Param("weight", (0.1, 0.3)),), episodes_only=True),
+    LibraryEntry(
+        "swe_progress_credit", "reward (episodes): credit for an applied edit and a test run, capped below a resolution",
+        "hook:reward", (when("train_valid_call_rate", ">", 0.5), when("train_progress_rate", "<", 0.05)),
+        "If each unresolved episode earns up to {credit} for progress (half for an applied edit, half for a test run) "
+        "instead of for its calls' form, the share of episodes that edit or run the tests rises, because well-formed "
+        "calls are within the policy's reach and now pay only when they do what fixing the issue needs.",
+        ExpectedEffect("train_progress_rate", "delta>", 0.0),
+        "process rewards for agentic RL: reward progress, not activity (the calls_without_progress rule)",
+        template=PROGRESS_CREDIT, params=(Param("credit", (0.2, 0.3)),), episodes_only=True),
 )
