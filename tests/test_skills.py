@@ -187,3 +187,44 @@ def test_a_file_that_is_not_a_skill_library_is_refused_and_never_rewritten(tmp_p
     err = " ".join((said.out + said.err).split())
     assert "skill library" in err and "nothing was changed" in err and "Traceback" not in err
     assert path.read_bytes() == before
+
+
+def test_a_confirmed_library_change_is_tried_sooner_where_its_skill_fires(tmp_path):
+    """Skills shape later search: a skill keeps the library entry it came from, and on a report its
+    trigger fires on, the library draws that entry 1 + its confirmations times as often (llm_choice lists
+    it earlier); a never-confirmed skill and the random-library baseline change nothing."""
+    from evotrainer.genome import reference_program
+    from evotrainer.operators import Evidence
+    from evotrainer.operators.library import LibraryOperator, RandomLibraryOperator
+    from evotrainer.operators.llm_choice import LLMChoiceOperator
+
+    parent = reference_program()
+    child = {**INTERVENTION, "details": {"entry": "pass_rate_curriculum", "params": {}}}
+    lib = SkillLibrary(tmp_path / "skills.json", validate_after=2)
+    for v in ("v002", "v005", "v009"):
+        skill = lib.record_confirmed({**child, "diff": DIFF.replace("groups", f"groups_{v}")}, decision(v), "math",
+                                     {"dead_group_ratio": 0.8})
+    assert skill.intervention["entry"] == "pass_rate_curriculum"
+    skills = [s.prompt_dict() for s in lib.matching({"dead_group_ratio": 0.8}, "math")]
+    assert len(skills) == 3 and all(s["entry"] == "pass_rate_curriculum" and s["confirmations"] == 1 for s in skills)
+    assert SkillLibrary(tmp_path / "skills.json").matching({"dead_group_ratio": 0.8})[0].intervention["entry"] \
+        == "pass_rate_curriculum"   # persisted
+    report = {"metrics": {"dead_group_ratio": 0.8, "truncation_rate": 0.6, "reward_std": 0.05}}
+    plain, steered = Evidence(health_report=report), Evidence(health_report=report, skills=skills)
+
+    op = LibraryOperator(seed=0)
+    assert op.draw_weights(steered)["pass_rate_curriculum"] == 4 * op.draw_weights(plain)["pass_rate_curriculum"]
+    unconfirmed = [{**skills[0], "confirmations": 0}]
+    assert op.draw_weights(Evidence(health_report=report, skills=unconfirmed)) == op.draw_weights(plain)
+    assert RandomLibraryOperator(seed=0).draw_weights(steered) == RandomLibraryOperator(seed=0).draw_weights(plain)
+
+    def share(make, evidence, n=60):
+        picks = [make(seed).propose([parent], evidence).details["entry"] for seed in range(n)]
+        return picks.count("pass_rate_curriculum") / n
+
+    fired = len(op.applicable(parent, plain)[0])
+    assert fired >= 4 and "pass_rate_curriculum" in {a.entry.id for a in op.applicable(parent, plain)[0]}
+    assert share(lambda s: LibraryOperator(seed=s), plain) < 0.35 < share(lambda s: LibraryOperator(seed=s), steered)
+    first = [LLMChoiceOperator(seed=s).options(parent, steered)[0][0].entry.id for s in range(60)]
+    first_plain = [LLMChoiceOperator(seed=s).options(parent, plain)[0][0].entry.id for s in range(60)]
+    assert first.count("pass_rate_curriculum") > first_plain.count("pass_rate_curriculum") + 10

@@ -168,7 +168,8 @@ class Skill:
                              + (f"; mean held-out effect {effect:+.3f}" if effect is not None else "")
                              + (f"; CIs {cis}" if cis else "")
                              + ("; validated" if self.validated else "; not yet validated")),
-                "scope": self.scope}
+                "scope": self.scope, "confirmations": self.confirmations,
+                **({"entry": self.intervention["entry"]} if self.intervention.get("entry") else {})}
 
 
 class SkillLibrary:
@@ -263,8 +264,11 @@ class SkillLibrary:
             fresh = skill is None
             if fresh:
                 kind = "diff" if intervention.get("diff") else "template"
+                # The library entry it came from, so that later runs' library operators can prefer it.
+                entry = (intervention.get("details") or {}).get("entry")
                 skill = self.skills[sid] = Skill(
-                    id=sid, factor=factor, trigger=trigger, intervention={"factor": factor, kind: change},
+                    id=sid, factor=factor, trigger=trigger,
+                    intervention={"factor": factor, kind: change, **({"entry": entry} if entry else {})},
                     expected_outcome=dict(expected) if expected else None,
                     hypothesis=str(intervention.get("hypothesis") or ""))
             if skill.add_evidence(item, self.validate_after) and not fresh:

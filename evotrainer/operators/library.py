@@ -143,6 +143,18 @@ class LibraryOperator:
         """Children of ``parent`` not to propose again: known, in the history, or proposed here."""
         return tried_hashes(parent, evidence) | {c for p, c in self._proposed if p == parent.hash}
 
+    def draw_weights(self, evidence: Evidence) -> dict[str, float]:
+        """Each entry's weight in this proposal's draw: its own (learned in the run), times 1 + the
+        confirmations of the skills that name it and fire on this report (this run's and earlier
+        runs', summed), so a change a gate confirmed before is tried sooner where it applies again; a skill
+        never confirmed (a seeded library entry) adds nothing. The triggers still decide what fires."""
+        confirmed: dict[str, int] = {}
+        for skill in evidence.skills:
+            entry = skill.get("entry") if isinstance(skill, dict) else None
+            if entry in self.weights:
+                confirmed[entry] = confirmed.get(entry, 0) + int(skill.get("confirmations") or 0)
+        return {e: w * (1 + confirmed.get(e, 0)) for e, w in self.weights.items()}
+
     def remember(self, parent: HarnessProgram, child_hash: str) -> None:
         self._proposed.add((parent.hash, child_hash))
 
@@ -169,9 +181,9 @@ class LibraryOperator:
         if left_out:   # fired, but not for this parent's rollouts: said, not silently dropped
             log.info("library: left out %s on %s: %s", ", ".join(left_out), getattr(parent, "hash", "?")[:8],
                      SINGLE_TURN_ONLY)
-        failures, kind = [], "input"
+        failures, kind, weights = [], "input", self.draw_weights(evidence)
         while found:
-            pick = self.rng.choices(found, weights=[self.weights[a.entry.id] for a in found])[0]
+            pick = self.rng.choices(found, weights=[weights[a.entry.id] for a in found])[0]
             found.remove(pick)
             params = self.rng.choice(pick.combinations)
             try:
@@ -199,6 +211,9 @@ class RandomLibraryOperator(LibraryOperator):
 
     def set_weights(self, weights: dict[str, float]) -> None:   # uniform: nothing is learned
         return None
+
+    def draw_weights(self, evidence: Evidence) -> dict[str, float]:   # nor read from skills
+        return dict(self.weights)
 
 
 def propose_entry(operator_name: str, parent: HarnessProgram, entry: LibraryEntry, params: dict[str, Any],

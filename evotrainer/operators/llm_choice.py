@@ -126,7 +126,8 @@ class LLMChoiceOperator(LLMOperator):
         knobs. Models favour options listed early, a small one strongly: a fixed order would make every
         proposal the same entry, a weighted shuffle makes the weights mean what they say."""
         fired, _ = self.library.applicable(parent, evidence)
-        keys = {a.entry.id: self.rng.random() ** (1.0 / self.library.weights[a.entry.id]) for a in fired}
+        weights = self.library.draw_weights(evidence)   # skills that name an entry bring it forward
+        keys = {a.entry.id: self.rng.random() ** (1.0 / weights[a.entry.id]) for a in fired}
         fired.sort(key=lambda a: -keys[a.entry.id])
         knobs = tunable_knobs(parent, self.fixed, self.library.tried(parent, evidence)) if self.offer_knobs else {}
         return fired, knobs
