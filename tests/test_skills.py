@@ -191,8 +191,9 @@ def test_a_file_that_is_not_a_skill_library_is_refused_and_never_rewritten(tmp_p
 
 def test_a_confirmed_library_change_is_tried_sooner_where_its_skill_fires(tmp_path):
     """Skills shape later search: a skill keeps the library entry it came from, and on a report its
-    trigger fires on, the library draws that entry 1 + its confirmations times as often (llm_choice lists
-    it earlier); a never-confirmed skill and the random-library baseline change nothing."""
+    trigger fires on, the library offers that entry even where the entry's own trigger does not fire and
+    draws it 1 + its confirmations times as often (llm_choice lists it earlier); a never-confirmed skill
+    and the random-library baseline change nothing."""
     from evotrainer.genome import reference_program
     from evotrainer.operators import Evidence
     from evotrainer.operators.library import LibraryOperator, RandomLibraryOperator
@@ -225,6 +226,14 @@ def test_a_confirmed_library_change_is_tried_sooner_where_its_skill_fires(tmp_pa
     fired = len(op.applicable(parent, plain)[0])
     assert fired >= 4 and "pass_rate_curriculum" in {a.entry.id for a in op.applicable(parent, plain)[0]}
     assert share(lambda s: LibraryOperator(seed=s), plain) < 0.35 < share(lambda s: LibraryOperator(seed=s), steered)
+    # A confirmed skill stands in for its entry's trigger: easy_first_curriculum does not fire on this
+    # report (it wants train_correct_rate < 0.1), yet with its skill it is offered.
+    easy = [{**skills[0], "entry": "easy_first_curriculum"}]
+    assert "easy_first_curriculum" not in {a.entry.id for a in op.applicable(parent, plain)[0]}
+    assert "easy_first_curriculum" in {a.entry.id for a in op.applicable(parent, Evidence(health_report=report,
+                                                                                          skills=easy))[0]}
+    assert "easy_first_curriculum" not in {a.entry.id for a in op.applicable(
+        parent, Evidence(health_report=report, skills=[{**easy[0], "confirmations": 0}]))[0]}
     first = [LLMChoiceOperator(seed=s).options(parent, steered)[0][0].entry.id for s in range(60)]
     first_plain = [LLMChoiceOperator(seed=s).options(parent, plain)[0][0].entry.id for s in range(60)]
     assert first.count("pass_rate_curriculum") > first_plain.count("pass_rate_curriculum") + 10

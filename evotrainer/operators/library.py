@@ -61,17 +61,32 @@ class Applicable:
     combinations: list[dict[str, Any]] = field(default_factory=list)   # not yet tried on this parent
 
 
+def confirmed_entries(evidence: Evidence) -> dict[str, int]:
+    """Library entry id -> the confirmations of the skills in ``evidence`` (those whose trigger fired
+    on this report) that came from it."""
+    out: dict[str, int] = {}
+    for skill in evidence.skills:
+        entry = skill.get("entry") if isinstance(skill, dict) else None
+        n = int(skill.get("confirmations") or 0) if entry else 0
+        if n > 0:
+            out[entry] = out.get(entry, 0) + n
+    return out
+
+
 def applicable_entries(parent: HarnessProgram, evidence: Evidence, entries: Sequence[LibraryEntry],
                        tried: set[str] = frozenset(), diagnose: bool = True) -> tuple[list[Applicable], dict[str, str]]:
     """(entries that fire and have an untried child, {entry id: why it was left out}). With
-    ``diagnose=False`` the triggers are not read: every entry that can edit the parent is offered."""
+    ``diagnose=False`` the triggers are not read: every entry that can edit the parent is offered.
+    A confirmed skill that came from an entry stands in for the entry's own trigger: it fired on this
+    report, and its trigger is the state in which a gate saw the entry win, not the literature's guess."""
     metrics = report_metrics(evidence.health_report or {})
+    skilled = confirmed_entries(evidence) if diagnose else {}
     found, skipped = [], {}
     for entry in entries:
         if f"{parent.hash}:{entry.id}" in evidence.refuted:
             skipped[entry.id] = "refuted on fitness from this parent harness already"
             continue
-        if diagnose and not entry.fires(metrics):
+        if diagnose and not entry.fires(metrics) and entry.id not in skilled:
             skipped[entry.id] = "trigger does not fire"
             continue
         if entry.single_turn and EPISODE_METRIC in metrics:
@@ -147,12 +162,8 @@ class LibraryOperator:
         """Each entry's weight in this proposal's draw: its own (learned in the run), times 1 + the
         confirmations of the skills that name it and fire on this report (this run's and earlier
         runs', summed), so a change a gate confirmed before is tried sooner where it applies again; a skill
-        never confirmed (a seeded library entry) adds nothing. The triggers still decide what fires."""
-        confirmed: dict[str, int] = {}
-        for skill in evidence.skills:
-            entry = skill.get("entry") if isinstance(skill, dict) else None
-            if entry in self.weights:
-                confirmed[entry] = confirmed.get(entry, 0) + int(skill.get("confirmations") or 0)
+        never confirmed (a seeded library entry) adds nothing."""
+        confirmed = confirmed_entries(evidence)
         return {e: w * (1 + confirmed.get(e, 0)) for e, w in self.weights.items()}
 
     def remember(self, parent: HarnessProgram, child_hash: str) -> None:
