@@ -234,6 +234,9 @@ def test_budget_mid_generation_finishes_the_generation_then_stops(tmp_path):
     assert len(trained) == 2 and untrained, {v: m.status for v, m in metas.items()}
     assert all(m.status in ("kept", "promoted", "rejected", "invalid", "pruned") for m in trained)
     assert state.status == "stopped"
+    # The log says what was done: a version pruned untrained is never said to be verified.
+    for m in untrained:
+        assert not any(f"verifying {m.id} " in e for e in state.events), state.events
 
 
 def test_carry_optimizer_continues_each_lineages_adamw_state(tmp_path):

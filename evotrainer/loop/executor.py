@@ -69,8 +69,9 @@ class LocalExecutor:
 
     def verify(self, exp: Experiment, vids: list[str]) -> None:
         g = exp.state.generation
-        for vid in vids:
-            exp.say(f"gen {g}: verifying {vid} on {len(exp.runtime.heldout_tasks)} held-out tasks")
+        for vid in vids:   # what verify_versions verifies: a version pruned untrained is not
+            if exp.vdir(vid).meta().status == "trained":
+                exp.say(f"gen {g}: verifying {vid} on {len(exp.runtime.heldout_tasks)} held-out tasks")
 
         def done(vid: str) -> None:
             exp.save()
