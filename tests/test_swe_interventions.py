@@ -98,6 +98,9 @@ def test_give_up_and_repeat_penalties():
         assert h.reward([r.for_harness() for r in rs], tasks) == pytest.approx([-0.2, 0.0, 0.0, 1.0])
     with Harness(_child("swe_repeat_penalty", weight=0.3)) as h:
         assert h.reward([r.for_harness() for r in rs], tasks) == pytest.approx([0.0, 0.0, -0.2, 1.0])
+        # A refused or malformed call is no way out of the echo trap: it costs what a repeat costs.
+        escapes = [episode([ACCEPTED, PROSE, REFUSED]), episode([TOOL_FENCE]), episode([ACCEPTED, EDIT])]
+        assert h.reward([r.for_harness() for r in escapes], [{"id": "t0"}] * 3) == pytest.approx([-0.2, -0.3, 0.0])
 
 
 def test_the_progress_credit_pays_for_edits_and_test_runs_not_for_calls():

@@ -9,7 +9,8 @@ every group is dead and no gradient step is taken. The entries answer the report
   name, a call the environment accepted), capped far below a resolution;
 - the same: a prompt with a worked exchange, showing the format rather than describing it;
 - ``giving_up``: a penalty for an episode that hands in a patch without editing anything;
-- ``echo_trap``: a penalty for repeating a call already made in the episode;
+- ``echo_trap``: a penalty for turns that repeat a call already made in the episode, or make one
+  the environment refuses (else a malformed call is the way out of the penalty);
 - ``calls_without_progress`` (well-formed calls that edit nothing and run no test): a credit for
   progress itself, an applied edit and a test run, in place of a credit for the calls' form;
 - ``tool_failures`` (malformed calls): part of each group decoded under the environment's tool-call
@@ -97,20 +98,25 @@ GIVE_UP_PENALTY = '''def reward(rollouts, tasks):
     return out'''
 
 REPEAT_PENALTY = '''def reward(rollouts, tasks):
-    """1 when resolved; otherwise minus $weight times the share of the episode's calls that repeat an
-    earlier call exactly (same tool, same arguments): the echo trap costs reward."""
+    """1 when resolved; otherwise minus $weight times the share of the episode's turns that learned
+    nothing new: a call that repeats an earlier accepted call exactly (same tool, same arguments), or a
+    call the environment refused. A refused call counts too: left out, it was the echo trap's cheapest
+    way out (a 135M policy under this penalty stopped making valid calls at all)."""
     out = []
     for r in rollouts:
         if (r.get("visible") or {}).get("correct"):
             out.append(1.0)
             continue
-        calls = [c for c in (r.get("tool_calls") or []) if isinstance(c, dict) and c.get("name")]
-        seen, repeats = set(), 0
+        calls = [c for c in (r.get("tool_calls") or []) if isinstance(c, dict)]
+        seen, wasted = set(), 0
         for c in calls:
+            if not c.get("name") or c.get("error") is not None:
+                wasted += 1
+                continue
             key = (c.get("name"), repr(sorted((c.get("args") or {}).items())))
-            repeats += 1 if key in seen else 0
+            wasted += 1 if key in seen else 0
             seen.add(key)
-        out.append(-$weight * repeats / len(calls) if calls else 0.0)
+        out.append(-$weight * wasted / len(calls) if calls else 0.0)
     return out'''
 
 PROGRESS_CREDIT = '''def reward(rollouts, tasks):
@@ -162,10 +168,11 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         FEWER_DEAD, "the giving-up rule of the agentic RL field notes", template=GIVE_UP_PENALTY,
         params=(Param("penalty", (0.1, 0.2)),), episodes_only=True),
     LibraryEntry(
-        "swe_repeat_penalty", "reward (episodes): a penalty for repeating a call already made",
+        "swe_repeat_penalty", "reward (episodes): a penalty for turns that repeat a call or make a refused one",
         "hook:reward", (when("repeat_call_rate", ">", 0.3),),
-        "If each repeated call costs {weight} times its share of the episode's calls, repeats fall and dead groups "
-        "regain variance, because the echo trap now lowers the reward of the episodes caught in it.",
+        "If each turn that repeats an accepted call or makes a refused one costs {weight} times its share of the "
+        "episode's turns, repeats fall without valid calls falling and dead groups regain variance, because the echo "
+        "trap now lowers the reward of the episodes caught in it and a malformed call is no way out of it.",
         FEWER_DEAD, "the echo-trap rule of the agentic RL field notes", template=REPEAT_PENALTY,
         params=(Param("weight", (0.1, 0.3)),), episodes_only=True),
     LibraryEntry(
