@@ -104,6 +104,9 @@ class GRPOSection(_Section):
     max_grad_norm: float | None = Field(None, gt=0)
     guided_call_share: float | None = Field(None, ge=0, le=1, description=(
         "swe: share of each group's training episodes decoded under the tool-call grammar (held-out never)"))
+    guided_plan_share: float | None = Field(None, ge=0, le=1, description=(
+        "swe: share of each group's training episodes decoded under the grammar with the tool fixed turn by "
+        "turn: read_file, edit (of a line the file holds once), run_tests, submit (held-out never)"))
 
 
 class TrainConfig(_Section):

@@ -95,11 +95,78 @@ def test_the_mask_allows_only_what_the_grammar_allows_next(policy):
 
 
 def test_guided_members_split_each_group_and_refuse_a_share_outside_0_1():
-    assert guided_members(2, 4, 0.5) == [True, True, False, False] * 2
-    assert guided_members(1, 4, 0.0) == [False] * 4
-    assert guided_members(1, 4, 0.25) == [True, False, False, False]
-    with pytest.raises(ValueError, match="within"):
+    assert guided_members(2, 4, 0.5) == ["call", "call", None, None] * 2
+    assert guided_members(1, 4, 0.0) == [None] * 4
+    assert guided_members(1, 4, 0.25) == ["call", None, None, None]
+    assert guided_members(1, 4, 0.25, plan_share=0.5) == ["plan", "plan", "call", None]
+    assert guided_members(1, 2, 0.0, plan_share=0.5) == ["plan", None]
+    assert guided_members(1, 4, 1.0, plan_share=0.5) == ["plan", "plan", "call", "call"]   # plan first, then what is left
+    with pytest.raises(ValueError, match="guided_call_share must be within"):
         guided_members(1, 4, 1.5)
+    with pytest.raises(ValueError, match="guided_plan_share must be within"):
+        guided_members(1, 4, 0.0, plan_share=-0.1)
+
+
+SOURCES = {"pkg/__init__.py": "", "pkg/mod.py": "def f(x):\n    return x\n\ndef g(x):\n    return x + 1\n",
+           "tests/test_mod.py": "from pkg.mod import f\n\ndef test_f():\n    assert f(1) == 2\n"}
+
+
+def test_unique_lines_are_those_an_edit_can_name_once():
+    from evotrainer.domains.swe.environment import unique_lines
+
+    # "    return x" is inside "    return x + 1": an edit naming it would be refused (found twice)
+    assert unique_lines(SOURCES["pkg/mod.py"]) == ["def f(x):", "def g(x):", "    return x + 1"]
+    assert unique_lines("") == [] and unique_lines("a\na\n") == []
+
+
+def _accepts(policy, grammar: str, text: str) -> bool:
+    """Whether ``grammar`` accepts ``text`` whole, fed token by token as a guided row consumes a sample."""
+    vocab = policy.base_model.get_output_embeddings().weight.shape[0]
+    rows = GuidedRows(policy.tokenizer, [grammar], vocab)
+    try:
+        for t in policy.tokenizer(text, add_special_tokens=False)["input_ids"]:
+            rows.consume(0, t)
+    except RuntimeError:
+        return False
+    return rows.complete(0)
+
+
+def _call(name: str, **args) -> str:
+    import json
+    return "```tool\n" + json.dumps({"name": name, "args": args}) + "\n```"
+
+
+def test_with_the_files_texts_a_guided_edit_names_a_line_its_file_holds_once(policy):
+    """An edit the grammar allows is one the environment applies: a source file (never a test), one of
+    its unique lines as the search text, a one-line replacement. ``tool`` fixes the tool (a plan turn)."""
+    from evotrainer.domains.swe.environment import SWEEnvironment
+
+    good = _call("edit", path="pkg/mod.py", search="    return x + 1", replace="    return x - 1")
+    assert _accepts(policy, call_grammar(SOURCES), good) and _accepts(policy, call_grammar(SOURCES, "edit"), good)
+    result, record = SWEEnvironment(SOURCES).step(good)
+    assert record["error"] is None and result == "edited pkg/mod.py"
+    for bad in (_call("edit", path="pkg/mod.py", search="    return x", replace="y"),        # found twice
+                _call("edit", path="pkg/mod.py", search="def nothing():", replace="y"),     # not in the file
+                _call("edit", path="tests/test_mod.py", search="def test_f():", replace="y"),  # a test
+                _call("edit", path="pkg/mod.py", search="def f(x):", replace="a\nb")):    # two lines
+        assert not _accepts(policy, call_grammar(SOURCES), bad), bad
+    assert _accepts(policy, call_grammar(sorted(SOURCES)), _call("edit", path="pkg/mod.py", search="x", replace="y"))
+    read = _call("read_file", path="pkg/mod.py")
+    assert _accepts(policy, call_grammar(SOURCES, "read_file"), read)
+    assert not _accepts(policy, call_grammar(SOURCES, "edit"), read)
+    assert not _accepts(policy, call_grammar(SOURCES, "read_file"), _call("read_file", path="pkg/mod.py", start=6))
+    with pytest.raises(ValueError, match="no tool 'rm'"):
+        call_grammar(SOURCES, "rm")
+
+
+@pytest.mark.parametrize("decoder", ["kv", "generate"])
+def test_a_plan_turn_decodes_the_tool_it_fixes(policy, decoder):
+    engine = TransformersEngine(policy, decoder=decoder)
+    for tool in ("read_file", "run_tests", "submit"):   # (an edit's free replacement is unbounded: above)
+        outs = engine.generate_ids(engine.encode([ASK] * 2), SamplingParams(temperature=1.0, max_new_tokens=200,
+                                                                          seed=7), "br",
+                                   grammars=[call_grammar(SOURCES, tool)] * 2)
+        assert [parse_call(c.text)[0] for c in outs] == [tool, tool], [c.text for c in outs]
 
 
 def test_training_episodes_split_into_guided_and_free_members_and_heldout_stays_free(tiny):
@@ -119,6 +186,7 @@ def test_training_episodes_split_into_guided_and_free_members_and_heldout_stays_
         params = SamplingParams(max_new_tokens=120, seed=3, guided_call_share=0.5)
         rollouts = collect_groups(engine, domain, domain.tasks("train"), 2, params, "g0", step=0)
         assert [r.episode["guided"] for r in rollouts] == [True, False, True, False]
+        assert [r.episode["guide"] for r in rollouts] == ["call", None, "call", None]
         for r in rollouts:
             cut = [t["tokens"] >= limits.max_turn_tokens for t in r.turn_log]
             parsed = [c.get("name") is not None for c in r.tool_calls]
@@ -129,6 +197,37 @@ def test_training_episodes_split_into_guided_and_free_members_and_heldout_stays_
                 assert not any(parsed)
         held = verify(engine, domain, domain.tasks("heldout"), "g0", max_new_tokens=120)
         assert all(not r.episode["guided"] for r in held)
+    finally:
+        domain.close()
+
+
+def test_plan_episodes_read_edit_test_and_submit_in_turn(tiny):
+    """A ``plan`` member's turns use read_file, edit, run_tests and submit in that order (a random
+    policy's unbounded edit may be cut short); the free members of its group are left alone."""
+    from evotrainer.domains.code.executor import ExecLimits
+    from evotrainer.domains.swe.domain import SWEDomain
+    from evotrainer.domains.swe.environment import TOOL_PLAN, EnvLimits
+    from evotrainer.policy.collect import collect_groups
+
+    model, tok = tiny
+    pol = Policy(model, tok, LoraSettings(r=4, lora_alpha=8))
+    pol.create("g0")
+    limits = EnvLimits(max_turns=4, max_turn_tokens=120, max_context_tokens=6000)
+    domain = SWEDomain(n_train=2, n_heldout=1, n_test=1, difficulty=1, seed=0, workers=1,
+                       limits=ExecLimits(timeout_s=5.0), episode_limits=limits)
+    try:
+        params = SamplingParams(max_new_tokens=120, seed=3, guided_plan_share=0.5)
+        rollouts = collect_groups(TransformersEngine(pol), domain, domain.tasks("train"), 2, params, "g0", step=0)
+        assert [r.episode["guide"] for r in rollouts] == ["plan", None, "plan", None]
+        for r in rollouts:
+            names = [c.get("name") for c in r.tool_calls]
+            if r.episode["guide"] == "plan":
+                cut = [t["tokens"] >= limits.max_turn_tokens for t in r.turn_log]
+                assert all(n == want or c for n, want, c in zip(names, TOOL_PLAN, cut)), names
+                assert names[2:] == ["run_tests", "submit"] and r.tool_calls[2]["error"] is None, r.tool_calls
+                assert r.episode["stop_reason"] == "submitted"
+            else:
+                assert not any(names)
     finally:
         domain.close()
 
@@ -163,6 +262,28 @@ def test_the_swe_library_answers_malformed_calls_with_guidance_and_the_report_re
     assert m["malformed_call_rate"] == 1.0 and m["guided_episode_rate"] == 0.5
 
 
+def test_the_swe_library_answers_no_progress_with_the_tool_plan():
+    from evotrainer.genome.edits import factors_changed
+    from evotrainer.genome.program import HarnessProgram
+    from evotrainer.loop.seed import DOMAIN_HARNESSES
+    from evotrainer.operators import get_operator
+    from evotrainer.operators.base import Evidence
+    from evotrainer.operators.library import default_entries, propose_entry
+
+    swe = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
+    op = get_operator("library")
+    stuck = {"metrics": {"turns_mean": 4.0, "train_valid_call_rate": 0.94, "train_progress_rate": 0.0}}
+    found, skipped = op.applicable(swe, Evidence(health_report=stuck))
+    assert "swe_guided_tool_plan" in {a.entry.id for a in found}, skipped
+    moving = {"metrics": {"turns_mean": 4.0, "train_valid_call_rate": 0.94, "train_progress_rate": 0.2}}
+    assert "swe_guided_tool_plan" not in {a.entry.id for a in op.applicable(swe, Evidence(health_report=moving))[0]}
+    entry = {e.id: e for e in default_entries()}["swe_guided_tool_plan"]
+    assert [c["value"] for c in entry.combinations(swe)] == [0.25, 0.5]
+    iv = propose_entry("library", swe, entry, {"value": 0.5}, Evidence(health_report=stuck))
+    child = HarnessProgram(iv.child_source)
+    assert factors_changed(swe, child) == ["knob:guided_plan_share"] and child.knobs["guided_plan_share"]["value"] == 0.5
+
+
 def test_the_config_check_refuses_guidance_where_it_cannot_run():
     from evotrainer.config import parse_config
     from evotrainer.loop.validate import config_problems
@@ -173,3 +294,7 @@ def test_the_config_check_refuses_guidance_where_it_cannot_run():
     assert not any("guided_call_share" in p for p in config_problems(parse_config(swe), loop=False))
     vllm = parse_config({**swe, "engine": "vllm"})
     assert any("engine: transformers" in p for p in config_problems(vllm, loop=False))
+    plan = parse_config({"model": "tiny-random", "grpo": {"guided_plan_share": 0.5}})
+    assert any("guided_plan_share" in p and "swe" in p for p in config_problems(plan, loop=False))
+    plan_vllm = parse_config({**swe, "grpo": {"guided_plan_share": 0.5}, "engine": "vllm"})
+    assert any("guided_plan_share" in p and "engine: transformers" in p for p in config_problems(plan_vllm, loop=False))

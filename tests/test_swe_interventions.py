@@ -186,3 +186,10 @@ def test_engine_episode_metrics():
     assert m["heldout_valid_call_rate"] == pytest.approx(2 / 4)
     assert m["heldout_edit_rate"] == pytest.approx(1 / 3) and m["heldout_progress_rate"] == pytest.approx(2 / 3)
     assert episode_metrics([Rollout(task_id="x", messages=[], completion="")], "x_") == {}
+    # Guided episodes' calls (and a plan's edits and test runs) are the grammar's: the rates read the
+    # free ones, and fall back to the guided ones only where every episode was guided.
+    plan = episode([EDIT])
+    plan.episode["guided"] = True
+    m = episode_metrics([plan, episode([PROSE]), episode([ACCEPTED])], "train_")
+    assert m["train_edit_rate"] == 0.0 and m["train_valid_call_rate"] == pytest.approx(1 / 2)
+    assert episode_metrics([plan], "train_")["train_edit_rate"] == 1.0

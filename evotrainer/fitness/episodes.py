@@ -48,9 +48,17 @@ def progress(r: Rollout) -> bool:
     return resolved(r) or edited(r) or ran_tests(r)
 
 
+def guided(r: Rollout) -> bool:
+    """Decoded under the call grammar (``guided_call_share``, ``guided_plan_share``): its form, and
+    with a plan its edits and test runs, are the grammar's, not the policy's."""
+    return bool((r.episode or {}).get("guided"))
+
+
 def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | None]:
-    """Valid-call rate (of all calls), and the shares of episodes that edited, ran tests, made progress."""
+    """Valid-call rate (of all calls), and the shares of episodes that edited, ran tests, made progress:
+    the policy's own, so of the free episodes where there are any."""
     eps = [r for r in rollouts if is_episode(r)]
+    eps = [r for r in eps if not guided(r)] or eps
     if not eps:
         return {}
     calls = sum(len(episode_calls(r)) for r in eps)

@@ -42,6 +42,7 @@ KNOBS = {
     "scale_rewards": {"value": "group", "choices": ["group", "batch", "none"]},
     "mask_truncated_completions": {"value": False, "choices": [True, False]},
     "guided_call_share": {"value": 0.0, "choices": [0.0, 0.25, 0.5]},  # episodes decoded under the call grammar
+    "guided_plan_share": {"value": 0.0, "choices": [0.0, 0.25, 0.5]},  # ... that read, edit, test, submit in turn
 }
 # EVOLVE-BLOCK-END
 
@@ -262,11 +263,12 @@ def metrics(rollouts, groups):
         "tool_failure_rate": sum(e["failed"] for e in free) / free_calls if free_calls else 0.0,
         "malformed_call_rate": sum(e["malformed"] for e in free) / free_calls if free_calls else 0.0,
         "guided_episode_rate": _mean([1.0 if g else 0.0 for g in guided]),
-        "self_test_rate": _mean([1.0 if e["self_test"] else 0.0 for e in eps]),
-        "edit_rate": _mean([1.0 if e["edited"] else 0.0 for e in eps]),
-        "files_edited_mean": _mean([e["files_edited"] for e in eps]),
-        "submit_rate": _mean([1.0 if e["submitted"] else 0.0 for e in eps]),
-        "submit_without_edit_rate": _mean([1.0 if e["submitted"] and not e["edited"] else 0.0 for e in eps]),
+        # what a guided plan (guided_plan_share) does by construction: the free episodes' own
+        "self_test_rate": _mean([1.0 if e["self_test"] else 0.0 for e in free]),
+        "edit_rate": _mean([1.0 if e["edited"] else 0.0 for e in free]),
+        "files_edited_mean": _mean([e["files_edited"] for e in free]),
+        "submit_rate": _mean([1.0 if e["submitted"] else 0.0 for e in free]),
+        "submit_without_edit_rate": _mean([1.0 if e["submitted"] and not e["edited"] else 0.0 for e in free]),
         "history_call_rate": _mean([1.0 if e["history"] else 0.0 for e in eps]),
         "history_calls_mean": _mean([e["history"] for e in eps]),
         "repeat_call_rate": sum(e["repeats"] for e in eps) / calls if calls else 0.0,

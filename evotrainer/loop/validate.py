@@ -119,21 +119,24 @@ def _engine(cfg: Config, say: Callable[[str], None] | None) -> None:
 
 
 def _guided_calls(cfg: Config, engine: str) -> None:
-    """``guided_call_share`` decodes tool calls under the domain's call grammar: episodes only, and on
-    the transformers engine (vLLM reports the masked distribution's logprobs)."""
+    """``guided_call_share`` and ``guided_plan_share`` decode tool calls under the domain's call
+    grammar: episodes only, and on the transformers engine (vLLM reports the masked distribution's
+    logprobs)."""
     try:
-        spec = seed_program(cfg).knobs.get("guided_call_share")
+        knobs = seed_program(cfg).knobs
     except (ConfigError, GenomeError, OSError, UnicodeDecodeError):
         return   # the harness check (_harness) says what is wrong with it
-    share = cfg.grpo.guided_call_share if cfg.grpo.guided_call_share is not None else (spec or {}).get("value") or 0.0
-    if not share:
-        return
-    if cfg.domain.name != "swe":
-        raise ConfigError(f"field 'grpo.guided_call_share': {share} guides tool calls, which only the swe domain's "
-                          f"episodes make; set it to 0 for domain {cfg.domain.name!r}")
-    if engine == "vllm":
-        raise ConfigError(f"field 'grpo.guided_call_share': {share} needs engine: transformers (vLLM's structured "
-                          "outputs report the masked distribution's logprobs); set engine: transformers or the share to 0")
+    for name in ("guided_call_share", "guided_plan_share"):
+        given = getattr(cfg.grpo, name)
+        share = given if given is not None else (knobs.get(name) or {}).get("value") or 0.0
+        if not share:
+            continue
+        if cfg.domain.name != "swe":
+            raise ConfigError(f"field 'grpo.{name}': {share} guides tool calls, which only the swe domain's "
+                              f"episodes make; set it to 0 for domain {cfg.domain.name!r}")
+        if engine == "vllm":
+            raise ConfigError(f"field 'grpo.{name}': {share} needs engine: transformers (vLLM's structured "
+                              "outputs report the masked distribution's logprobs); set engine: transformers or the share to 0")
 
 
 def _harness(cfg: Config, loop: bool, say: Callable[[str], None] | None) -> None:

@@ -14,7 +14,10 @@ every group is dead and no gradient step is taken. The entries answer the report
 - ``calls_without_progress`` (well-formed calls that edit nothing and run no test): a credit for
   progress itself, an applied edit and a test run, in place of a credit for the calls' form;
 - ``tool_failures`` (malformed calls): part of each group decoded under the environment's tool-call
-  grammar (``guided_call_share``), so well-formed calls reach the tools and the free rest learns from them.
+  grammar (``guided_call_share``), so well-formed calls reach the tools and the free rest learns from them;
+- no progress (no episode edits or runs the tests, whatever its calls' form): part of each group guided
+  through the plan a fix takes (``guided_plan_share``: read, edit, run the tests, submit), so some
+  episodes make the progress a progress credit pays for.
 
 A form credit invites its own hack (valid calls that make no progress): the engine's episode check
 (``fitness/validity.py``, ``episode_progress``) marks a branch invalid when its shaped reward rises on
@@ -145,6 +148,16 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "policy towards the calls it was steered to.",
         FEWER_MALFORMED, "grammar-constrained decoding (llguidance; Geng et al., 2023) as guided exploration",
         move=KnobMove("guided_call_share"), episodes_only=True),
+    LibraryEntry(
+        "swe_guided_tool_plan", "knob (episodes): guide part of each group through read, edit, run tests, submit",
+        "knob:guided_plan_share", (when("train_progress_rate", "<", 0.05),),
+        "If guided_plan_share goes from {old} to {new} (that share of each group's training episodes decoded under "
+        "the call grammar with the tool fixed turn by turn: read_file, edit of a line the file holds once, run_tests, "
+        "submit), the free episodes' edits and test runs rise, because the guided ones make the progress the free "
+        "ones never try, earn what progress earns, and the policy gradient moves the policy towards their choices.",
+        ExpectedEffect("train_progress_rate", "delta>", 0.0),
+        "guided exploration over tools: grammar-constrained decoding (Geng et al., 2023) of a scripted workflow",
+        move=KnobMove("guided_plan_share"), episodes_only=True),
     LibraryEntry(
         "swe_call_form_credit", "reward (episodes): graded credit for the tool-call format, capped below a resolution",
         "hook:reward", (when("tool_failure_rate", ">", 0.3), when("dead_group_ratio", ">", 0.5)),

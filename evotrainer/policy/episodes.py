@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from evotrainer.domains.swe.environment import tool_prompt
+from evotrainer.domains.swe.environment import TOOL_PLAN, tool_prompt
 from evotrainer.domains.swe.episode import Episode
 from evotrainer.domains.task import Task
 from evotrainer.policy.rollout_engine import SamplingParams, TokenEngine
@@ -31,6 +31,7 @@ Messages = list[dict[str, str]]
 PromptFn = Callable[[Task], Messages]
 LIMIT_STOPS = ("max_turns", "context", "wall_time")   # an episode cut off by a limit counts as truncated
 _SENTINEL = "@@evotrainer-assistant-turn@@"
+GUIDES = ("call", "plan")   # how a guided episode is decoded (Trajectory.guide)
 
 
 def is_episodic(domain: Any) -> bool:
@@ -76,10 +77,20 @@ class Trajectory:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)   # of the sampled tokens only
     last_eos: bool = False
-    guided: bool = False    # every turn decoded under the environment's call grammar
+    # How the turns are decoded (guided_members): None freely, "call" under the environment's call
+    # grammar, "plan" under it with the tool fixed turn by turn (TOOL_PLAN, then any tool).
+    guide: str | None = None
+
+    @property
+    def guided(self) -> bool:
+        return self.guide is not None
 
     def grammar(self) -> str | None:
-        return self.episode.env.call_grammar() if self.guided else None
+        if self.guide is None:
+            return None
+        turn = len(self.episode.turns)
+        tool = TOOL_PLAN[turn] if self.guide == "plan" and turn < len(TOOL_PLAN) else None
+        return self.episode.env.call_grammar(tool)
 
     def extend(self, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] = ()) -> tuple[int, int]:
         start = len(self.ids)
@@ -90,16 +101,18 @@ class Trajectory:
 
 
 def run_episodes(engine: TokenEngine, episodes: Sequence[Episode], params: SamplingParams,
-                 adapter: str | None, guided: Sequence[bool] = ()) -> list[Trajectory]:
+                 adapter: str | None, guided: Sequence[str | None] = ()) -> list[Trajectory]:
     """Drives ``episodes`` to their end, one engine batch per turn. A turn gets at most
     ``params.max_new_tokens`` and its episode's ``max_turn_tokens``; an episode whose next turn
     would pass ``max_context_tokens`` (counted exactly, in tokens), or the engine's own context
-    (``max_model_len`` of a vLLM engine), stops with ``context``. ``guided[i]``: episode i's turns
-    are decoded under its environment's call grammar."""
+    (``max_model_len`` of a vLLM engine), stops with ``context``. ``guided[i]``: how episode i's turns
+    are decoded (:func:`guided_members`; None: freely)."""
     tok = engine.tokenizer
     engine_context = getattr(engine, "max_model_len", None) or float("inf")
-    guided = list(guided) or [False] * len(episodes)
-    trajs = [Trajectory(ep, engine.encode([ep.messages])[0], guided=g) for ep, g in zip(episodes, guided)]
+    guided = list(guided) or [None] * len(episodes)
+    if not set(guided) <= {None, *GUIDES}:
+        raise ValueError(f"an episode's guide must be one of {GUIDES} or None, not {sorted(set(guided) - {None, *GUIDES})}")
+    trajs = [Trajectory(ep, engine.encode([ep.messages])[0], guide=g) for ep, g in zip(episodes, guided)]
     turn = 0
     while True:
         batches: dict[int, list[Trajectory]] = {}
@@ -148,15 +161,20 @@ def opening(prompt: PromptFn | None, task: Task) -> Messages | None:
     return msgs
 
 
-def guided_members(n_tasks: int, group_size: int, share: float) -> list[bool]:
-    """Which episodes of ``n_tasks`` groups of ``group_size`` are guided: the first
-    ``round(share * group_size)`` of each group. A share below 1 keeps free episodes in every group:
-    what the policy does alone is the contrast against which a guided call earns its advantage (a
-    token every member of a group samples gets no net gradient from group-relative advantages)."""
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"guided_call_share must be within [0, 1], not {share}")
-    k = round(share * group_size)
-    return [j < k for _ in range(n_tasks) for j in range(group_size)]
+def guided_members(n_tasks: int, group_size: int, share: float, plan_share: float = 0.0) -> list[str | None]:
+    """How each episode of ``n_tasks`` groups of ``group_size`` is decoded: the first
+    ``round(plan_share * group_size)`` of each group follow the tool plan ("plan"), the next
+    ``round(share * group_size)`` any well-formed call ("call"), the rest freely (None). Shares that
+    leave no member free are allowed, but a free member is the contrast against which a guided
+    episode earns its advantage (a token every member of a group samples gets no net gradient from
+    group-relative advantages)."""
+    for name, value in (("guided_call_share", share), ("guided_plan_share", plan_share)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be within [0, 1], not {value}")
+    plan = round(plan_share * group_size)
+    call = min(group_size - plan, round(share * group_size))
+    member = ["plan"] * plan + ["call"] * call + [None] * (group_size - plan - call)
+    return member * n_tasks
 
 
 def episode_rollouts(engine: TokenEngine, domain: Any, tasks: Sequence[Task], group_size: int,
@@ -175,8 +193,8 @@ def episode_rollouts(engine: TokenEngine, domain: Any, tasks: Sequence[Task], gr
     envs = [domain.environment(t) for t in expanded]
     try:
         episodes = [Episode(t, env, count_tokens=count, opening=openings[t.id]) for t, env in zip(expanded, envs)]
-        trajs = run_episodes(engine, episodes, params, adapter, guided_members(len(tasks), group_size,
-                                                                               params.guided_call_share))
+        guides = guided_members(len(tasks), group_size, params.guided_call_share, params.guided_plan_share)
+        trajs = run_episodes(engine, episodes, params, adapter, guides)
         results = [t.episode.result() for t in trajs]
     finally:
         for env in envs:
@@ -196,5 +214,5 @@ def _rollout(task: Task, traj: Trajectory, res: dict[str, Any], seed: int, group
         tool_calls=res["tool_calls"], turn_log=turns, gen_seconds=sum(t["generate_s"] for t in turns), seed=seed,
         group=group, step=step, split=task.split,
         episode={**{k: res[k] for k in ("stop_reason", "submitted", "patch", "history_calls", "seconds")},
-                 "guided": traj.guided},
+                 "guided": traj.guided, "guide": traj.guide},
     )

@@ -37,12 +37,16 @@ class GRPOConfig:
     # Episodes: the share of each group whose tool calls are decoded under the domain's call grammar
     # (guided exploration; policy/guided_decoding.py). Held-out and test episodes are never guided.
     guided_call_share: float = 0.0
+    # ... and the share that also follows the tool plan (read_file, edit, run_tests, submit): the
+    # policy still chooses the file, the line an edit replaces, the new text and the tests.
+    guided_plan_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if not 0.0 <= self.guided_call_share <= 1.0:
-            raise ValueError(f"guided_call_share must be within [0, 1], got {self.guided_call_share}")
+        for name in ("guided_call_share", "guided_plan_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: a group of one has no relative advantage")
 

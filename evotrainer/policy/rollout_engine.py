@@ -33,6 +33,8 @@ class SamplingParams:
     # Episodes only: the share of each group's episodes whose turns are decoded under the domain's
     # tool-call grammar (guided exploration, policy/guided_decoding.py); the rest sample freely.
     guided_call_share: float = 0.0
+    # ... and the share decoded under it with the tool fixed turn by turn (read, edit, test, submit).
+    guided_plan_share: float = 0.0
 
 
 @dataclass

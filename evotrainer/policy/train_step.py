@@ -57,7 +57,8 @@ def grpo_config(harness: HarnessHooks, overrides: dict[str, Any]) -> GRPOConfig:
 def step_params(cfg: GRPOConfig, seed: int, step: int) -> SamplingParams:
     """How a training step samples: the recipe's temperature, nucleus and length, seeded per step."""
     return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_completion_length,
-                          seed=seed * 100_003 + step, guided_call_share=cfg.guided_call_share)
+                          seed=seed * 100_003 + step, guided_call_share=cfg.guided_call_share,
+                          guided_plan_share=cfg.guided_plan_share)
 
 
 def train_step(policy: Policy, engine: RolloutEngine, trainer: GRPOTrainer, harness: HarnessHooks,

@@ -215,8 +215,8 @@ class VllmEngine:
             # vLLM's structured outputs report the masked distribution's log-probabilities, which
             # would make each forced token's importance ratio < 1 (guided_decoding.py says why).
             raise GuidedDecodingUnsupported(
-                "guided tool calls (the guided_call_share knob) run on the transformers engine; set "
-                "engine: transformers, or guided_call_share: 0 for engine: vllm")
+                "guided tool calls (the guided_call_share and guided_plan_share knobs) run on the transformers "
+                "engine; set engine: transformers, or both shares to 0 for engine: vllm")
         return self._generate([([list(p) for p in prompt_ids], params, adapter)])[0]
 
     def _generate(self, jobs: Sequence[tuple[list[list[int]], SamplingParams, str | None]]) -> list[list[Completion]]:

@@ -25,7 +25,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from evotrainer.domains.code.executor import CodeExecutor
 from evotrainer.domains.swe.patching import PatchError, clean_path, diff_files
@@ -68,36 +68,65 @@ def tool_prompt() -> str:
             f"Tools:\n{lines}\nWhen the tests pass, call submit.")
 
 
-def call_grammar(files: Sequence[str]) -> str:
+# The order a fix takes: look at the code, change it, check it, hand it in. A guided episode of the
+# ``plan`` kind (``guided_plan_share``) decodes its turns under these tools in turn, then any tool.
+TOOL_PLAN = ("read_file", "edit", "run_tests", "submit")
+MAX_SEARCH_LINES = 400   # per file: an enum this long still compiles in milliseconds
+
+
+def is_test_path(path: str) -> bool:
+    return path.startswith("tests/") or path.rsplit("/", 1)[-1].startswith("test_")
+
+
+def unique_lines(text: str) -> list[str]:
+    """The lines of ``text`` an edit can name as its search text: not blank, occurring once in the
+    whole text (as a substring, so ``return x`` is out when ``return x + 1`` is there too)."""
+    seen = [ln for ln in dict.fromkeys(text.splitlines()) if ln.strip() and text.count(ln) == 1]
+    return seen[:MAX_SEARCH_LINES]
+
+
+def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = None) -> str:
     """The form of one valid tool call, as a grammar (Lark with llguidance's ``%json``): the fenced
     block, a JSON object naming one tool with that tool's arguments, every path one of ``files``
     (the repository's) and every test path one of its test files. What a guided turn is decoded
-    under (``policy/guided_decoding.py``): it fixes the form and the choice of file, never which
-    tool or what an edit says."""
+    under (``policy/guided_decoding.py``): it fixes the form and the choice of file, never what an
+    edit says. ``files`` given with their texts: an edit names a source file (never a test) and one
+    of that file's :func:`unique_lines` as its search text, so a guided edit always applies.
+    ``tool``: that tool only (a ``plan`` turn); else any."""
     paths = sorted(files)
-    tests = [p for p in paths if p.startswith("tests/") or p.rsplit("/", 1)[-1].startswith("test_")] or paths
+    tests = [p for p in paths if is_test_path(p)] or paths
     # Strings are unbounded (the turn's token budget bounds them): a maxLength makes llguidance's lexer
     # 20-100x slower per token. Whitespace is fixed to the prompt's example (", " and ": "): free
     # whitespace lets a weak policy spin in blanks until the turn's budget runs out.
     path = {"enum": paths} if paths else {"type": "string"}
     text = {"type": "string"}
     line = {"type": "integer", "minimum": 1, "maximum": 9999}
+    edit: list[dict] = [{"path": path, "search": text, "replace": text}]
+    if isinstance(files, Mapping):
+        line["maximum"] = max([len(t.splitlines()) for t in files.values()] + [1])
+        # a search line is replaced by one line: a newline in it would be the policy's to escape right
+        one_line = {"type": "string", "pattern": "^[^\\n]*$"}
+        sources = [(p, unique_lines(files[p])) for p in paths if not is_test_path(p)]
+        edit = [{"path": {"const": p}, "search": {"enum": lines}, "replace": one_line}
+                for p, lines in sources if lines] or edit
     args = {
-        "list_files": ({}, []),
-        "read_file": ({"path": path, "start": line, "end": line}, ["path"]),
-        "search": ({"pattern": text, "path": path}, ["pattern"]),
-        "edit": ({"path": path, "search": text, "replace": text}, ["path", "search", "replace"]),
-        "run_tests": ({"tests": {"type": "array", "items": {"enum": tests}, "maxItems": 4}}, []),
-        "view_diff": ({}, []), "git_log": ({}, []), "submit": ({}, []),
+        "list_files": [({}, [])],
+        "read_file": [({"path": path, "start": line, "end": line}, ["path"])],
+        "search": [({"pattern": text, "path": path}, ["pattern"])],
+        "edit": [(props, ["path", "search", "replace"]) for props in edit],
+        "run_tests": [({"tests": {"type": "array", "items": {"enum": tests}, "maxItems": 4}}, [])],
+        "view_diff": [({}, [])], "git_log": [({}, [])], "submit": [({}, [])],
     }
     assert set(args) == set(TOOL_DOCS), "every tool has its arguments' schema"
+    if tool is not None and tool not in args:
+        raise ValueError(f"no tool {tool!r}; tools: {', '.join(TOOL_DOCS)}")
     schema = {
         "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
         "oneOf": [{"type": "object", "additionalProperties": False, "required": ["name", "args"],
                    "properties": {"name": {"const": name},
                                   "args": {"type": "object", "properties": props, "required": required,
                                            "additionalProperties": False}}}
-                  for name, (props, required) in args.items()],
+                  for name, forms in args.items() if tool in (None, name) for props, required in forms],
     }
     return 'start: "```tool\\n" call "\\n```"\ncall: %json ' + json.dumps(schema)
 
@@ -133,9 +162,9 @@ class SWEEnvironment:
             self._executor.close()
             self._executor = None
 
-    def call_grammar(self) -> str:
-        """:func:`call_grammar` over this repository's files as they are now."""
-        return call_grammar(list(self.files))
+    def call_grammar(self, tool: str | None = None) -> str:
+        """:func:`call_grammar` over this repository's files as they are now (``tool``: that tool only)."""
+        return call_grammar(self.files, tool)
 
     def diff(self) -> str:
         return diff_files(self.base, self.files)
