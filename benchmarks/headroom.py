@@ -102,15 +102,7 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
             init_adapter: str | None = None) -> dict:
     """Trains ``program`` from the seed (or ``init_adapter``) for ``steps`` steps and verifies it on the
     test split."""
-    import torch
-
-    from evotrainer.domains import build_domain
-    from evotrainer.genome.harness import Harness
     from evotrainer.loop.train_branch import train_branch
-    from evotrainer.policy.base_model import load_base_model
-    from evotrainer.policy.collect import prompt_fn
-    from evotrainer.policy.engine_choice import build_engine
-    from evotrainer.policy.lora import LoraSettings, Policy
 
     run_dir = root / name / f"seed{seed}"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -123,14 +115,7 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
     t0 = time.perf_counter()
     result = train_branch(c, validate=True, overwrite=True, init_adapter=init_adapter)
     train_s = time.perf_counter() - t0
-    # The test split, asked as the harness asks (its prompt hook), greedy as the loop's final pick is.
-    domain = build_domain(c.domain)
-    model, tok = load_base_model(c.model, dtype=c.dtype, device=c.device, seed=c.seed)
-    policy = Policy(model, tok, LoraSettings(**c.lora.model_dump()))
-    policy.load("v0", result.version_dir / "adapter")
-    engine = build_engine(c, policy, "transformers")
-    with Harness(program, sandbox=c.sandbox) as harness, torch.no_grad():
-        signals = score_test(c, domain, engine, policy, "v0", prompt_fn(harness))
+    signals = test_signals(c, program, result.version_dir)
     steps_log = result.steps
     return {
         "variant": name, "seed": seed, "steps": steps, "genome_hash": program.hash, **signals,
@@ -142,7 +127,55 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
     }
 
 
-def score_test(cfg, domain, engine, policy, adapter, prompt) -> dict:
+def test_signals(c, program: HarnessProgram, version_dir: Path, keep: str = "test.jsonl") -> dict:
+    """The test split scored for the adapter in ``version_dir``, asked as the harness asks (its prompt
+    hook), greedy as the loop's final pick is. SWE episodes are kept in ``rollouts/<keep>``."""
+    import torch
+
+    from evotrainer.domains import build_domain
+    from evotrainer.genome.harness import Harness
+    from evotrainer.policy.base_model import load_base_model
+    from evotrainer.policy.collect import prompt_fn
+    from evotrainer.policy.engine_choice import build_engine
+    from evotrainer.policy.lora import LoraSettings, Policy
+
+    domain = build_domain(c.domain)
+    model, tok = load_base_model(c.model, dtype=c.dtype, device=c.device, seed=c.seed)
+    policy = Policy(model, tok, LoraSettings(**c.lora.model_dump()))
+    policy.load("v0", version_dir / "adapter")
+    engine = build_engine(c, policy, "transformers")
+    with Harness(program, sandbox=c.sandbox) as harness, torch.no_grad():
+        return score_test(c, domain, engine, policy, "v0", prompt_fn(harness), save=version_dir / "rollouts" / keep)
+
+
+def rescore(cfg, data: dict, path: Path, variants: list[str] | None, seeds: list[int]) -> None:
+    """Scores the test split again, with this code, for the runs of ``data`` whose adapters are still in
+    their run directories (and the start row): what changed is printed, the JSON rewritten."""
+    root = Path(data["out"])
+    print("the start on the test split ...", flush=True)
+    data["base"] = base_scores(cfg, data.get("init_adapter"))
+    for r in data["runs"]:
+        run_dir = root / r["variant"] / f"seed{r['seed']}"
+        if (variants and r["variant"] not in variants) or r["seed"] not in seeds:
+            continue
+        if not (run_dir / "adapter").is_dir():
+            print(f"  {r['variant']} seed {r['seed']}: no adapter in {run_dir}, left as it was", flush=True)
+            continue
+        c = cfg.model_copy(deep=True)
+        c.run_dir, c.harness, c.seed = str(run_dir), str(root / r["variant"] / "genome.py"), r["seed"]
+        stamp = time.strftime("%Y%m%d-%H%M%S")   # a new file: earlier episodes stay as they were
+        fresh = test_signals(c, HarnessProgram.from_file(c.harness), run_dir, keep=f"test.rescored-{stamp}.jsonl")
+        for k, v in fresh.items():
+            if k == "episode_scores":
+                for rate, by_task in v.items():
+                    old = statistics.fmean(r[k][rate].values()) if r.get(k, {}).get(rate) else None
+                    print(f"  {r['variant']} seed {r['seed']} {rate}: {old} -> {statistics.fmean(by_task.values()):.3f}")
+            r[k] = v
+        r["rescored"] = time.strftime("%Y-%m-%d %H:%M")
+    path.write_text(json.dumps(data, indent=1))
+
+
+def score_test(cfg, domain, engine, policy, adapter, prompt, save: Path | None = None) -> dict:
     """The test split three ways, per task: greedy correctness (what users report); the share of
     ``SAMPLED_K`` sampled answers that are correct (seeds 0..k-1, the same for every variant, so two
     variants' samples share their random numbers), on the first ``SAMPLED_TASKS`` tasks; and the
@@ -154,6 +187,9 @@ def score_test(cfg, domain, engine, policy, adapter, prompt) -> dict:
     tasks = domain.tasks("test")
     greedy = verify(engine, domain, tasks, adapter, max_new_tokens=cfg.train.eval_max_new_tokens, prompt=prompt)
     if cfg.domain.name == "swe":   # episodes: what each one did; sampled episodes cost too much here
+        if save is not None:
+            from evotrainer.records.rollout import save_rollouts
+            save_rollouts(save, greedy)
         return {"test_accuracy": heldout_accuracy(greedy),
                 "test_scores": {t: s[0] for t, s in task_scores(greedy).items()},
                 "episode_scores": episode_scores(greedy)}
@@ -215,6 +251,8 @@ def main(argv=None) -> None:
     ap.add_argument("--fires", action="store_true", help="print which library entries the reference runs' health "
                     "reports trigger, and stop")
     ap.add_argument("--signals", action="store_true", help="print which gate signal agrees with the test split, and stop")
+    ap.add_argument("--rescore", action="store_true", help="score the test split again for the runs in --json whose "
+                    "adapters are in --out (after a change to how it is scored), and stop")
     args = ap.parse_args(argv)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -241,6 +279,11 @@ def main(argv=None) -> None:
         from evotrainer.loop.train_branch import check_init_adapter
 
         check_init_adapter(cfg, args.init_adapter)   # a wrong folder is said before any compute
+    if args.rescore:
+        rescore(cfg, data, path, args.variants.split(",") if args.variants else None,
+                [int(s) for s in args.seeds.split(",")])
+        print(report(data))
+        return
     data.update(domain=cfg.domain.name, steps=args.steps, n_test=args.n_test, config=args.config, model=cfg.model,
                 out=args.out, init_adapter=args.init_adapter)
     if "base" not in data:

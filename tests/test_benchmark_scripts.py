@@ -74,6 +74,15 @@ def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
     assert "swe_call_form_credit seed 0:" in out and "->" in out   # the form ladder, read from the run dirs
     # guided episodes: how close the free policy's own log-probabilities came to the guided calls
     assert "swe_guided_tool_calls seed 0: guided" in out and "the policy's own log p of the guided calls" in out
+    kept = tmp_path / "runs" / "reference" / "seed0" / "rollouts" / "test.jsonl"
+    assert len(kept.read_text().splitlines()) == 2          # the test episodes, kept for a later reading
+    # --rescore scores the kept adapters' test split again, into a new file, the first one untouched
+    again = _run(args[:-4] + ["--out", "runs", "--json", "h.json", "--rescore", "--variants", "reference"], tmp_path)
+    assert "reference seed 0 valid_call_rate:" in again and "->" in again
+    assert "swe_call_form_credit seed 0 valid_call_rate" not in again       # not asked for
+    rescored = json.loads((tmp_path / "h.json").read_text())
+    assert [r.get("rescored") is not None for r in rescored["runs"]] == [True, False, False]
+    assert len(kept.read_text().splitlines()) == 2 and len(list(kept.parent.glob("test.rescored-*.jsonl"))) == 1
 
 
 def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks():

@@ -193,3 +193,8 @@ def test_engine_episode_metrics():
     m = episode_metrics([plan, episode([PROSE]), episode([ACCEPTED])], "train_")
     assert m["train_edit_rate"] == 0.0 and m["train_valid_call_rate"] == pytest.approx(1 / 2)
     assert episode_metrics([plan], "train_")["train_edit_rate"] == 1.0
+    # A test run the environment refused (a placeholder test id) ran nothing: no progress.
+    refused = turn("```tool\n...\n```", name="run_tests", error="no tests match ['tests/test_x.py']")
+    ran = turn("```tool\n...\n```", name="run_tests", error=None)
+    m = episode_metrics([episode([refused]), episode([ran])], "heldout_")
+    assert m["heldout_test_run_rate"] == 0.5 and m["heldout_progress_rate"] == 0.5

@@ -37,7 +37,9 @@ def edited(r: Rollout) -> bool:
 
 
 def ran_tests(r: Rollout) -> bool:
-    return any(c.get("name") == "run_tests" for c in episode_calls(r))
+    """A test run the environment accepted: a refused one (a test id the repository lacks, bad
+    arguments) ran nothing, and counting it let a copied placeholder pass for progress."""
+    return any(c.get("name") == "run_tests" and c.get("error") is None for c in episode_calls(r))
 
 
 def resolved(r: Rollout) -> bool:

@@ -179,7 +179,7 @@ def _episode(rollout):
         "calls": len(calls),
         "failed": sum(1 for _, _, ok in calls if not ok),
         "malformed": sum(1 for n, _, _ in calls if n not in KNOWN_TOOLS),
-        "self_test": any(n in TEST_TOOLS for n in names[:end]),
+        "self_test": any(n in TEST_TOOLS and ok for n, _, ok in calls[:end]),   # a refused run ran nothing
         "edited": bool(edits),
         "files_edited": len(edited),
         "issue_file_edited": (bool(issue & edited) if issue else None),
