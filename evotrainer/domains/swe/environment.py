@@ -71,7 +71,7 @@ def tool_prompt() -> str:
 # The order a fix takes: look at the code, change it, check it, hand it in. A guided episode of the
 # ``plan`` kind (``guided_plan_share``) decodes its turns under these tools in turn, then any tool.
 TOOL_PLAN = ("read_file", "edit", "run_tests", "submit")
-MAX_SEARCH_LINES = 400   # per file: an enum this long still compiles in milliseconds
+MAX_SEARCH_LINES = 400   # per file: bounds the grammar of a large file (level-1 files hold tens of lines)
 
 
 def is_test_path(path: str) -> bool:
@@ -104,7 +104,7 @@ def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = No
     edit: list[dict] = [{"path": path, "search": text, "replace": text}]
     if isinstance(files, Mapping):
         line["maximum"] = max([len(t.splitlines()) for t in files.values()] + [1])
-        # a search line is replaced by one line: a newline in it would be the policy's to escape right
+        # one line replaces one line: a guided edit keeps the file's line structure
         one_line = {"type": "string", "pattern": "^[^\\n]*$"}
         sources = [(p, unique_lines(files[p])) for p in paths if not is_test_path(p)]
         edit = [{"path": {"const": p}, "search": {"enum": lines}, "replace": one_line}
