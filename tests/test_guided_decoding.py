@@ -3,6 +3,8 @@ a random model decodes well-formed calls under the grammar on both decoders, rec
 log-probability the trainer recomputes, leaves free rows untouched, and training episodes split
 into guided and free members while held-out episodes stay free."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -169,20 +171,29 @@ def test_a_plan_turn_decodes_the_tool_it_fixes(policy, decoder):
         assert [parse_call(c.text)[0] for c in outs] == [tool, tool], [c.text for c in outs]
 
 
-def test_training_episodes_split_into_guided_and_free_members_and_heldout_stays_free(tiny):
+@contextlib.contextmanager
+def _swe_domain(tiny, limits, timeout_s: float):
+    """A tiny-model engine over a fresh adapter, and a level-1 SWE domain (2 train issues) with ``limits``."""
     from evotrainer.domains.code.executor import ExecLimits
     from evotrainer.domains.swe.domain import SWEDomain
-    from evotrainer.domains.swe.environment import EnvLimits
-    from evotrainer.policy.collect import collect_groups, verify
 
     model, tok = tiny
     pol = Policy(model, tok, LoraSettings(r=4, lora_alpha=8))
     pol.create("g0")
-    limits = EnvLimits(max_turns=2, max_turn_tokens=120, max_context_tokens=4000)
     domain = SWEDomain(n_train=2, n_heldout=1, n_test=1, difficulty=1, seed=0, workers=1,
-                       limits=ExecLimits(timeout_s=2.0), episode_limits=limits)
+                       limits=ExecLimits(timeout_s=timeout_s), episode_limits=limits)
     try:
-        engine = TransformersEngine(pol)
+        yield TransformersEngine(pol), domain
+    finally:
+        domain.close()
+
+
+def test_training_episodes_split_into_guided_and_free_members_and_heldout_stays_free(tiny):
+    from evotrainer.domains.swe.environment import EnvLimits
+    from evotrainer.policy.collect import collect_groups, verify
+
+    limits = EnvLimits(max_turns=2, max_turn_tokens=120, max_context_tokens=4000)
+    with _swe_domain(tiny, limits, timeout_s=2.0) as (engine, domain):
         params = SamplingParams(max_new_tokens=120, seed=3, guided_call_share=0.5)
         rollouts = collect_groups(engine, domain, domain.tasks("train"), 2, params, "g0", step=0)
         assert [r.episode["guided"] for r in rollouts] == [True, False, True, False]
@@ -197,27 +208,18 @@ def test_training_episodes_split_into_guided_and_free_members_and_heldout_stays_
                 assert not any(parsed)
         held = verify(engine, domain, domain.tasks("heldout"), "g0", max_new_tokens=120)
         assert all(not r.episode["guided"] for r in held)
-    finally:
-        domain.close()
 
 
 def test_plan_episodes_read_edit_test_and_submit_in_turn(tiny):
     """A ``plan`` member's turns use read_file, edit, run_tests and submit in that order (a random
     policy's unbounded edit may be cut short); the free members of its group are left alone."""
-    from evotrainer.domains.code.executor import ExecLimits
-    from evotrainer.domains.swe.domain import SWEDomain
     from evotrainer.domains.swe.environment import TOOL_PLAN, EnvLimits
     from evotrainer.policy.collect import collect_groups
 
-    model, tok = tiny
-    pol = Policy(model, tok, LoraSettings(r=4, lora_alpha=8))
-    pol.create("g0")
     limits = EnvLimits(max_turns=4, max_turn_tokens=120, max_context_tokens=6000)
-    domain = SWEDomain(n_train=2, n_heldout=1, n_test=1, difficulty=1, seed=0, workers=1,
-                       limits=ExecLimits(timeout_s=5.0), episode_limits=limits)
-    try:
+    with _swe_domain(tiny, limits, timeout_s=5.0) as (engine, domain):
         params = SamplingParams(max_new_tokens=120, seed=3, guided_plan_share=0.5)
-        rollouts = collect_groups(TransformersEngine(pol), domain, domain.tasks("train"), 2, params, "g0", step=0)
+        rollouts = collect_groups(engine, domain, domain.tasks("train"), 2, params, "g0", step=0)
         assert [r.episode["guide"] for r in rollouts] == ["plan", None, "plan", None]
         for r in rollouts:
             names = [c.get("name") for c in r.tool_calls]
@@ -228,8 +230,6 @@ def test_plan_episodes_read_edit_test_and_submit_in_turn(tiny):
                 assert r.episode["stop_reason"] == "submitted"
             else:
                 assert not any(names)
-    finally:
-        domain.close()
 
 
 def test_the_swe_library_answers_malformed_calls_with_guidance_and_the_report_reads_free_episodes():
