@@ -1,4 +1,4 @@
-"""reference vs evolve vs random-library (vs recipe-search) on math, several seeds, two protocols.
+"""reference vs evolve vs random-library (vs recipe-search) on any domain, several seeds, two protocols.
 
 Each (protocol, mode, seed) is a full run of the loop with the same engine, data, held-out tasks and
 seeds. Two fair views of the same question (FIELD-NOTES), both reported:
@@ -20,9 +20,12 @@ at its end (nothing in the loop sees test). The selection score favours modes th
 (a max over more draws), so the paired bootstrap CIs against `reference` are over (task, seed) pairs
 of the test score. Prints each protocol's table (mean ± sd over seeds), the steps each mode spent,
 and the share of wall time spent outside generation and gradient steps, with where that time went.
+On SWE it also prints what each pick's test episodes did (calls accepted, edited, ran tests, any
+progress), paired with `reference` the same way: the figures left to compare where nothing resolves.
 
     python benchmarks/compare_modes.py [--config examples/quickstart.yaml] [--seeds 0,1,2] [--steps 12]
     python benchmarks/compare_modes.py --model tiny-random --steps 4 --seeds 0,1   # smoke run
+    python benchmarks/compare_modes.py --config examples/evolve_swe.yaml --modes reference,evolve --steps 8
 
 Runs go seed by seed (reference, then the other modes, for seed 0, then seed 1, ...) so that a
 stopped benchmark still holds paired results. With ``--json`` every finished run is written at once
@@ -43,7 +46,12 @@ from pathlib import Path
 from evotrainer.policy.collect import verify
 from evotrainer.records.scores import by_seed, task_scores
 from evotrainer.config import load_config
+from evotrainer.fitness.episodes import is_episode
 from evotrainer.loop.experiment import Experiment
+from evotrainer.loop.start import START
+from evotrainer.records.version import VersionDir
+
+from headroom_report import episode_report, episode_scores   # benchmarks/: the script's own folder
 
 MODES = ("reference", "evolve", "random-library")
 PROTOCOLS = ("total", "depth")
@@ -161,6 +169,26 @@ def override(cfg, item: str) -> None:
     setattr(target, name, yaml.safe_load(value))
 
 
+def episode_rates(rollouts) -> dict | None:
+    """On SWE, what each test episode did (resolved, calls accepted, edited, ran tests, progress): when
+    every run resolves nothing, these are the figures a comparison can still tell apart."""
+    return episode_scores(rollouts) if rollouts and all(is_episode(r) for r in rollouts) else None
+
+
+def backfill_episode_rates(results: dict[str, list[dict]], root: Path) -> None:
+    """Rows stored before the rates were recorded get them from their kept run dirs (``--out``)."""
+    for name, rows in results.items():
+        for r in rows:
+            if "episode_scores" in r or "test_scores" not in r:
+                continue
+            protocol = r.get("same_run_as") or name.partition("@")[2] or "total"
+            run = Path(r.get("run_dir") or root / f"{name.partition('@')[0]}-{protocol}-s{r['seed']}")
+            vd = VersionDir(run / START if r["best"] == START else run / "versions" / r["best"])
+            rates = episode_rates(vd.rollouts("test"))
+            if rates is not None:
+                r["episode_scores"] = rates
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="examples/quickstart.yaml")
@@ -187,6 +215,7 @@ def main() -> None:
     done = Path(args.json) if args.json else None
     if done and done.exists():
         results = json.loads(done.read_text())["results"]
+        backfill_episode_rates(results, root)
         print(f"resuming from {done}: " + ", ".join(f"{m} seeds {[r['seed'] for r in rs]}" for m, rs in results.items()))
     exp = None
     for seed, protocol, mode in [(s_, p_, m_) for s_ in map(int, args.seeds.split(","))
@@ -233,7 +262,8 @@ def main() -> None:
             started = best.id == "start"   # every trained version ranked below the untrained model
             scores = by_seed(task_scores(best_dir.rollouts("heldout")))
             selection = best.metrics.get("selection_accuracy", best.metrics["heldout_accuracy"])
-            row = {"seed": seed, "best": best.id, "heldout": selection, "gate_heldout": best.metrics["heldout_accuracy"],
+            row = {"seed": seed, "run_dir": cfg.run_dir, "best": best.id, "heldout": selection,
+                   "gate_heldout": best.metrics["heldout_accuracy"],
                    "scores": scores, "lineage_steps": 0 if started else lineage_steps(exp, best.id),
                    "train_steps": exp.state.budget_used.get("train_steps", 0), "stop_reason": exp.state.stop_reason,
                    "versions": len(exp.versions()), **timing(exp)}
@@ -244,6 +274,8 @@ def main() -> None:
                 row["test_scores"] = (by_seed(task_scores(best_dir.rollouts("test"))) if started
                                       else test_scores(exp, best.id))
                 row["test"] = mean_score(row["test_scores"])
+                if (rates := episode_rates(best_dir.rollouts("test"))) is not None:
+                    row["episode_scores"] = rates
             results.setdefault(name, []).append(row)
             if done:
                 done.write_text(json.dumps({"args": vars(args), "base_test": None, "results": results}, indent=2))
@@ -254,7 +286,7 @@ def main() -> None:
                   + ", ".join(f"{k} {v:.1f}" for k, v in row["overhead_parts_s"].items()) + " s)", flush=True)
 
 
-    base = None
+    base, base_rates = None, None
     if exp is None:   # everything came from --json: load one run for the base-model score
         cfg = load_config(args.config)
         if args.model:
@@ -266,13 +298,13 @@ def main() -> None:
     if not args.no_test:  # the untrained base model on the same split: does training help at all?
         tc = exp.cfg.train
         rt = exp.runtime
-        base = mean_score(by_seed(task_scores(verify(rt.engine, rt.domain, rt.domain.tasks("test"), None,
-                                                     max_new_tokens=tc.eval_max_new_tokens,
-                                                     temperature=tc.eval_temperature, seeds=tc.eval_seeds))))
+        untrained = verify(rt.engine, rt.domain, rt.domain.tasks("test"), None, max_new_tokens=tc.eval_max_new_tokens,
+                           temperature=tc.eval_temperature, seeds=tc.eval_seeds)
+        base, base_rates = mean_score(by_seed(task_scores(untrained))), episode_rates(untrained)
 
     for protocol in sorted({n.partition("@")[2] or "total" for n in results}):
         print_protocol(protocol, {n: rs for n, rs in results.items() if (n.partition("@")[2] or "total") == protocol},
-                       base, args)
+                       base, args, base_rates)
     parts: dict[str, float] = {}
     for rows in results.values():
         for r in rows:
@@ -289,7 +321,8 @@ def main() -> None:
 PROTOCOL_TITLES = {"total": "equal total training steps", "depth": "equal lineage depth (exploration is extra steps)"}
 
 
-def print_protocol(protocol: str, results: dict[str, list[dict]], base: float | None, args) -> None:
+def print_protocol(protocol: str, results: dict[str, list[dict]], base: float | None, args,
+                   base_rates: dict | None = None) -> None:
     """One protocol's table: each mode against reference (and evolve against random-library), paired
     over (task, seed) of the test split, with the steps the pick's lineage and the whole run trained."""
     from evotrainer.fitness.paired_stats import decide_promotion
@@ -326,6 +359,10 @@ def print_protocol(protocol: str, results: dict[str, list[dict]], base: float | 
         starts = [r["seed"] for r in rows if r["best"] == "start"]
         if starts:
             print(f"{'':>22}  seeds {starts}: every trained version ranked below the untrained model; it is the pick")
+    episodes = {n.partition("@")[0]: rs for n, rs in results.items() if rs and all("episode_scores" in r for r in rs)}
+    if episodes and not args.no_test:
+        ref_rows = {r["seed"]: r for r in episodes.get("reference", [])}
+        print(episode_report({"base": {"episode_scores": base_rates}} if base_rates else {}, episodes, ref_rows, 0.9))
 
 
 def report_children(results: dict[str, list[dict]]) -> None:

@@ -39,12 +39,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from evotrainer.config import load_config
-from evotrainer.fitness.episodes import edited, episode_calls, progress, ran_tests, resolved, valid_calls
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.seed import seed_program
 from evotrainer.operators.library import default_entries
 
-from headroom_report import EPISODE_RATES, SAMPLED_K, SAMPLED_TASKS, fires, report, signals  # noqa: E402
+from headroom_report import SAMPLED_K, SAMPLED_TASKS, episode_scores, fires, report, signals  # noqa: E402
 
 # name -> (library entry, its parameters): one representative setting per entry, the middle of its
 # allowed values where it has several. Knob moves are relative to the seed's (the config's) values.
@@ -202,18 +201,6 @@ def score_test(cfg, domain, engine, policy, adapter, prompt, save: Path | None =
             "test_scores": {t: s[0] for t, s in task_scores(greedy).items()},
             "sampled_scores": {t: sum(s.values()) / len(s) for t, s in task_scores(sampled).items()},
             "answer_logprob": {t.id: v for (t, _), v in zip(refs, lls)}}
-
-
-def episode_scores(rollouts) -> dict[str, dict[str, float]]:
-    """Per test task (greedy, one episode each): resolved, the share of its calls the environment
-    accepted, whether it edited a file, ran the tests, made any of that progress."""
-    out: dict[str, dict[str, float]] = {k: {} for k in EPISODE_RATES}
-    for r in rollouts:
-        calls = len(episode_calls(r))
-        for k, v in (("resolved", resolved(r)), ("valid_call_rate", valid_calls(r) / calls if calls else 0.0),
-                     ("edited", edited(r)), ("ran_tests", ran_tests(r)), ("progress", progress(r))):
-            out[k][r.task_id] = float(v)
-    return out
 
 
 def base_scores(cfg, init_adapter: str | None = None) -> dict:

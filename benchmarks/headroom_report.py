@@ -9,13 +9,25 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from evotrainer.fitness.episodes import edited, episode_calls, ran_tests, resolved, valid_calls
+from evotrainer.fitness.episodes import edited, episode_calls, progress, ran_tests, resolved, valid_calls
 from evotrainer.fitness.paired_stats import bootstrap_ci, paired_deltas
 from evotrainer.records.version import VersionDir
 
 SAMPLED_TASKS, SAMPLED_K = 48, 4   # the held-out size a run affords, k answers each at the training temperature
 # What an episode did, per test task (fitness/episodes.py): the figures a SWE comparison reports.
 EPISODE_RATES = ("resolved", "valid_call_rate", "edited", "ran_tests", "progress")
+
+
+def episode_scores(rollouts) -> dict[str, dict[str, float]]:
+    """Per test task (greedy, one episode each): resolved, the share of its calls the environment
+    accepted, whether it edited a file, ran the tests, made any of that progress."""
+    out: dict[str, dict[str, float]] = {k: {} for k in EPISODE_RATES}
+    for r in rollouts:
+        calls = len(episode_calls(r))
+        for k, v in (("resolved", resolved(r)), ("valid_call_rate", valid_calls(r) / calls if calls else 0.0),
+                     ("edited", edited(r)), ("ran_tests", ran_tests(r)), ("progress", progress(r))):
+            out[k][r.task_id] = float(v)
+    return out
 
 
 def _pairs(runs: list[dict]) -> dict[str, float]:

@@ -142,3 +142,27 @@ def test_compare_modes_runs_both_protocols_and_trains_the_reference_once(tmp_pat
     assert "equal total" in out.lower() and "depth" in out.lower()
     again = _run(args, tmp_path)
     assert "resuming from" in again and " seed 0: best" not in again
+
+
+def test_compare_modes_on_swe_pairs_what_each_pick_s_test_episodes_did(tmp_path):
+    """On SWE, where nothing may resolve, each pick's test episodes give the rates a comparison can
+    still tell apart, paired with the reference; rows stored without them are filled from the kept runs."""
+    args = [str(ROOT / "benchmarks" / "compare_modes.py"), "--config", str(ROOT / "examples" / "evolve_swe.yaml"),
+            "--model", "tiny-random", "--steps", "2", "--steps-per-generation", "1", "--seeds", "0",
+            "--modes", "reference,evolve", "--protocols", "total", "--set", "domain.n_test=2",
+            "--set", "domain.episode.max_turns=2", "--out", "runs", "--json", "c.json"]
+    out = _run(args, tmp_path)
+    stored = json.loads((tmp_path / "c.json").read_text())
+    for name in ("reference@total", "evolve@total"):
+        (row,) = stored["results"][name]
+        assert set(row["episode_scores"]) == {"resolved", "valid_call_rate", "edited", "ran_tests", "progress"}
+        assert sorted(row["episode_scores"]["resolved"]) == sorted(row["test_scores"])   # one per test task
+    assert "episode rates on the test split" in out and "untrained: resolved" in out
+    assert "evolve (1 seed(s)): resolved" in out and "[" in out.split("evolve (1 seed(s)): resolved")[1]
+    for rows in stored["results"].values():       # as a JSON written before the rates were recorded
+        for row in rows:
+            del row["episode_scores"], row["run_dir"]
+    (tmp_path / "c.json").write_text(json.dumps(stored))
+    again = _run(args, tmp_path)
+    assert "resuming from" in again and " seed 0: best" not in again
+    assert "evolve (1 seed(s)): resolved" in again
