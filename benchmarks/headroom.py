@@ -75,6 +75,7 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_repeat_penalty": ("swe_repeat_penalty", {"weight": 0.3}),
     "swe_progress_credit": ("swe_progress_credit", {"credit": 0.3}),
     "swe_guided_tool_plan": ("swe_guided_tool_plan", {"value": 0.5}),
+    "swe_grounded_calls_prompt": ("swe_grounded_calls_prompt", {}),
 }
 
 

@@ -55,7 +55,12 @@ def episode(turns, resolved=False, step=0, group=0, reward=None, submitted=False
 CALLS_REPORT = {"metrics": {"turns_mean": 4.0, "tool_failure_rate": 0.0, "malformed_call_rate": 0.0,
                             "dead_group_ratio": 0.21, "repeat_call_rate": 0.69, "train_valid_call_rate": 0.94,
                             "train_progress_rate": 0.0, "correct_rate": 0.0}}
-LATER = {"swe_progress_credit"}   # answers what the calls report says, not the reference's
+# What the guided-plan runs' free episodes did (headroom_swe_plan): well-formed calls, most refused,
+# because their arguments are the tool list's placeholders.
+REFUSED_REPORT = {"metrics": {"turns_mean": 4.0, "tool_failure_rate": 0.75, "malformed_call_rate": 0.1,
+                              "dead_group_ratio": 0.0, "repeat_call_rate": 0.1, "train_valid_call_rate": 0.25,
+                              "train_progress_rate": 0.0, "correct_rate": 0.0}}
+LATER = {"swe_progress_credit", "swe_grounded_calls_prompt"}   # answer later reports, not the reference's
 
 
 def test_every_swe_entry_fires_on_the_swe_report_and_makes_a_single_factor_child():
@@ -66,15 +71,22 @@ def test_every_swe_entry_fires_on_the_swe_report_and_makes_a_single_factor_child
     found, skipped = op.applicable(SWE, Evidence(health_report=CALLS_REPORT))
     assert {"swe_progress_credit", "swe_repeat_penalty"} <= {a.entry.id for a in found}, skipped
     assert "swe_call_form_credit" not in {a.entry.id for a in found}
+    found, skipped = op.applicable(SWE, Evidence(health_report=REFUSED_REPORT))
+    assert "swe_grounded_calls_prompt" in {a.entry.id for a in found}, skipped
     for entry in ENTRIES.values():
         params = entry.combinations(SWE)[0]
         iv = propose_entry("library", SWE, entry, params, Evidence(health_report=SWE_REPORT))
         assert factors_changed(SWE, HarnessProgram(iv.child_source)) == [entry.factor]
     # On a single-turn parent (no episode metrics in its report) they are left out, and said why.
-    math_report = {"metrics": {**SWE_REPORT["metrics"], "train_valid_call_rate": 0.9, "train_progress_rate": 0.0}}
-    math_report["metrics"].pop("turns_mean")
-    _, skipped = op.applicable(reference_program(), Evidence(health_report=math_report))
-    assert all("episode" in skipped[e] for e in ENTRIES)
+    why: dict[str, set[str]] = {e: set() for e in ENTRIES}
+    for report in (SWE_REPORT, REFUSED_REPORT):   # between them, every entry's trigger fires
+        math_report = {"metrics": {**report["metrics"], "train_valid_call_rate": 0.9, "train_progress_rate": 0.0}}
+        math_report["metrics"].pop("turns_mean")
+        found, skipped = op.applicable(reference_program(), Evidence(health_report=math_report))
+        assert not set(ENTRIES) & {a.entry.id for a in found}
+        for e in ENTRIES:
+            why[e].add(skipped[e])
+    assert all(any("episode" in w for w in ws) for ws in why.values()), why
 
 
 def _child(entry_id, **params):
@@ -123,6 +135,37 @@ def test_the_worked_prompt_shows_well_formed_calls_before_the_issue():
     shown = [m["content"] for m in msgs if m["role"] == "assistant"]
     assert len(shown) == 2 and all(parse_call(s)[0] for s in shown)
     assert msgs[-1]["role"] == "user" and msgs[-1]["content"].endswith("Fix mean() in pkg/stats.py")
+
+
+def test_the_grounded_prompt_shows_calls_the_environment_accepts_in_this_repository():
+    """The calls written after the issue name the file the issue names and its test file: copied
+    as shown, reading and running the tests are accepted by the real environment (the placeholders of
+    the tool list, copied, are refused)."""
+    import re
+
+    from evotrainer.domains.swe.environment import SWEEnvironment
+    from evotrainer.domains.swe.generator import make_split
+    from evotrainer.policy.episodes import opening
+
+    task = make_split("train", 1, [1], 0)[0]
+    with Harness(_child("swe_grounded_calls_prompt")) as h:
+        msgs = opening(h.prompt, task)
+    assert msgs[0]["role"] == "system" and msgs[-1]["content"].startswith(task.prompt)
+    shown = re.findall(r"```tool\n.*?\n```", msgs[-1]["content"])
+    named = re.search(r"`(\w+/\w+\.py)`", task.prompt).group(1)
+    assert [s.split('"name": "')[1].split('"')[0] for s in shown] == ["read_file", "edit", "run_tests", "submit"]
+    env = SWEEnvironment(task.visible["files"])
+    try:
+        read, record = env.step(shown[0])
+        assert record["error"] is None and record["args"] == {"path": named} and "1 |" in read
+        _, record = env.step(shown[2])
+        assert record["error"] is None and record["args"]["tests"] == ["tests/test_" + named.rsplit("/", 1)[1]]
+        _, record = env.step('```tool\n{"name": "run_tests", "args": {"tests": ["tests/test_x.py"]}}\n```')
+        assert record["error"] is not None                                     # the placeholder, copied
+    finally:
+        env.close()
+    with Harness(_child("swe_grounded_calls_prompt")) as h:                  # a task without files: the issue alone
+        assert h.prompt({"id": "t0", "prompt": "Fix it."}) == [{"role": "user", "content": "Fix it."}]
 
 
 def _task(prompt):

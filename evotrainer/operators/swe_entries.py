@@ -8,6 +8,8 @@ every group is dead and no gradient step is taken. The entries answer the report
   can climb before it can resolve anything (a fenced block, the ``tool`` fence, a JSON object with a
   name, a call the environment accepted), capped far below a resolution;
 - the same: a prompt with a worked exchange, showing the format rather than describing it;
+- well-formed calls the environment refuses (the tool list's placeholder paths copied): the calls a fix
+  takes written after the issue with the repository's own paths;
 - ``giving_up``: a penalty for an episode that hands in a patch without editing anything;
 - ``echo_trap``: a penalty for turns that repeat a call already made in the episode, or make one
   the environment refuses (else a malformed call is the way out of the penalty);
@@ -85,6 +87,32 @@ WORKED_CALL_PROMPT = '''def prompt(task):
         msgs.append({"role": "user", "content": result})
     msgs.append({"role": "user", "content": "Now the real issue. Answer with one ```tool block.\\n\\n" + task["prompt"]})
     return msgs'''
+
+GROUNDED_CALLS_PROMPT = '''def prompt(task):
+    """The issue, then the calls that start its fix written with this repository's own paths (the file
+    the issue names and that module's test file), so a policy that copies an example copies a call the
+    environment accepts rather than a placeholder it refuses. The engine still puts the tool
+    instructions first as the system message."""
+    files = sorted((task.get("visible") or {}).get("files") or {})
+
+    def is_test(path):
+        return path.startswith("tests/") or path.rsplit("/", 1)[-1].startswith("test_")
+
+    source = [f for f in files if f.endswith(".py") and not is_test(f) and not f.endswith("__init__.py")]
+    named = [f for f in source if f in task["prompt"]] or source
+    text = task["prompt"]
+    if named:
+        path = named[0]
+        tests = [f for f in files if is_test(f) and f.rsplit("/", 1)[-1] == "test_" + path.rsplit("/", 1)[-1]]
+        calls = ['read the file: ```tool\\n{"name": "read_file", "args": {"path": "' + path + '"}}\\n```',
+                 'change the wrong line (search: that line exactly as read_file shows it, without its number; '
+                 'replace: the line fixed): ```tool\\n{"name": "edit", "args": {"path": "' + path
+                 + '", "search": "...", "replace": "..."}}\\n```']
+        if tests:
+            calls.append('run its tests: ```tool\\n{"name": "run_tests", "args": {"tests": ["' + tests[0] + '"]}}\\n```')
+        calls.append('hand it in: ```tool\\n{"name": "submit", "args": {}}\\n```')
+        text += "\\n\\nIn this repository, one call per turn:\\n" + "\\n".join("- " + c for c in calls)
+    return [{"role": "user", "content": text}]'''
 
 GIVE_UP_PENALTY = '''def reward(rollouts, tasks):
     """1 when resolved; -$penalty for an episode that submitted without a single successful edit
@@ -173,6 +201,16 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "malformed, because a small model copies a format it is shown more readily than one it is told.",
         FEWER_MALFORMED, "few-shot demonstrations (Brown et al., 2020) for tool-call formats",
         template=WORKED_CALL_PROMPT, params=(Param("shots", (1, 2, 3)),), requires_hook="prompt", episodes_only=True),
+    LibraryEntry(
+        "swe_grounded_calls_prompt", "prompt (episodes): the calls a fix takes, written with the repository's own paths",
+        "hook:prompt", (when("malformed_call_rate", "<", 0.5), when("tool_failure_rate", ">", 0.5)),
+        "If the issue is followed by the calls that start its fix written with this repository's paths (read the file "
+        "the issue names, edit it, run its test file, submit), fewer well-formed calls are refused, because a small "
+        "policy copies the examples it is shown, and the tool list's placeholders (pkg/mod.py, tests/test_x.py, "
+        "exact old text) are what it copied.",
+        ExpectedEffect("tool_failure_rate", "delta<", 0.0),
+        "grounded few-shot demonstrations: examples drawn from the task's own context (Liu et al., 2022)",
+        template=GROUNDED_CALLS_PROMPT, requires_hook="prompt", episodes_only=True),
     LibraryEntry(
         "swe_give_up_penalty", "reward (episodes): a penalty for submitting without any edit",
         "hook:reward", (when("submit_without_edit_rate", ">", 0.5),),
