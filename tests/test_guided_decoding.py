@@ -103,6 +103,9 @@ def test_guided_members_split_each_group_and_refuse_a_share_outside_0_1():
     assert guided_members(1, 4, 0.25, plan_share=0.5) == ["plan", "plan", "call", None]
     assert guided_members(1, 2, 0.0, plan_share=0.5) == ["plan", None]
     assert guided_members(1, 4, 1.0, plan_share=0.5) == ["plan", "plan", "call", "call"]   # plan first, then what is left
+    # A share above 0 guides someone: 0.25 of 2 would round to no member, a child that is its parent.
+    assert guided_members(1, 2, 0.25) == ["call", None] and guided_members(1, 2, 0.0, plan_share=0.25) == ["plan", None]
+    assert guided_members(1, 2, 0.25, plan_share=0.5) == ["plan", "call"]
     with pytest.raises(ValueError, match="guided_call_share must be within"):
         guided_members(1, 4, 1.5)
     with pytest.raises(ValueError, match="guided_plan_share must be within"):

@@ -164,15 +164,17 @@ def opening(prompt: PromptFn | None, task: Task) -> Messages | None:
 def guided_members(n_tasks: int, group_size: int, share: float, plan_share: float = 0.0) -> list[str | None]:
     """How each episode of ``n_tasks`` groups of ``group_size`` is decoded: the first
     ``round(plan_share * group_size)`` of each group follow the tool plan ("plan"), the next
-    ``round(share * group_size)`` any well-formed call ("call"), the rest freely (None). Shares that
-    leave no member free are allowed, but a free member is the contrast against which a guided
-    episode earns its advantage (a token every member of a group samples gets no net gradient from
-    group-relative advantages)."""
+    ``round(share * group_size)`` any well-formed call ("call"), the rest freely (None). A share above
+    0 guides at least one member: rounded to none, a knob move 0 -> 0.25 at group size 2 made a child
+    that behaved as its parent (an SWE `evolve` run spent 2 steps on one). Shares that leave no
+    member free are allowed, but a free member is the contrast against which a guided episode earns
+    its advantage (a token every member of a group samples gets no net gradient from group-relative
+    advantages)."""
     for name, value in (("guided_call_share", share), ("guided_plan_share", plan_share)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be within [0, 1], not {value}")
-    plan = round(plan_share * group_size)
-    call = min(group_size - plan, round(share * group_size))
+    plan = max(1, round(plan_share * group_size)) if plan_share > 0 else 0
+    call = min(group_size - plan, max(1, round(share * group_size)) if share > 0 else 0)
     member = ["plan"] * plan + ["call"] * call + [None] * (group_size - plan - call)
     return member * n_tasks
 
