@@ -104,14 +104,17 @@ GROUNDED_CALLS_PROMPT = '''def prompt(task):
     if named:
         path = named[0]
         tests = [f for f in files if is_test(f) and f.rsplit("/", 1)[-1] == "test_" + path.rsplit("/", 1)[-1]]
-        calls = ['read the file: ```tool\\n{"name": "read_file", "args": {"path": "' + path + '"}}\\n```',
-                 'change the wrong line (search: that line exactly as read_file shows it, without its number; '
-                 'replace: the line fixed): ```tool\\n{"name": "edit", "args": {"path": "' + path
+        # The first call comes last: a small policy copies the call it was shown last (written in the
+        # order of the fix, ending on submit, the 135M policy submitted at once on 12 of 16 issues).
+        later = ['to change the wrong line (search: that line exactly as read_file shows it, without its '
+                 'number; replace: the line fixed): ```tool\\n{"name": "edit", "args": {"path": "' + path
                  + '", "search": "...", "replace": "..."}}\\n```']
         if tests:
-            calls.append('run its tests: ```tool\\n{"name": "run_tests", "args": {"tests": ["' + tests[0] + '"]}}\\n```')
-        calls.append('hand it in: ```tool\\n{"name": "submit", "args": {}}\\n```')
-        text += "\\n\\nIn this repository, one call per turn:\\n" + "\\n".join("- " + c for c in calls)
+            later.append('to run its tests: ```tool\\n{"name": "run_tests", "args": {"tests": ["' + tests[0]
+                         + '"]}}\\n```')
+        text += ("\\n\\nIn this repository, one call per turn. Later, " + "; later, ".join(later)
+                 + "; when they pass, submit.\\nFirst, read the file:\\n```tool\\n"
+                 + '{"name": "read_file", "args": {"path": "' + path + '"}}\\n```')
     return [{"role": "user", "content": text}]'''
 
 GIVE_UP_PENALTY = '''def reward(rollouts, tasks):
