@@ -210,8 +210,8 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "If the issue is followed by the calls that start its fix written with this repository's paths (read the file "
         "the issue names, edit it, run its test file, submit), fewer well-formed calls are refused, because a small "
         "policy copies the examples it is shown, and the tool list's placeholders (pkg/mod.py, tests/test_x.py, "
-        "exact old text) are what it copied.",
-        ExpectedEffect("tool_failure_rate", "delta<", 0.0),
+        "exact old text) are what it copied; so the free episodes' progress (an applied edit, a test run) rises.",
+        ExpectedEffect("train_progress_rate", "delta>", 0.0),
         "grounded few-shot demonstrations: examples drawn from the task's own context (Liu et al., 2022)",
         template=GROUNDED_CALLS_PROMPT, requires_hook="prompt", episodes_only=True),
     LibraryEntry(
