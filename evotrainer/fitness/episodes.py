@@ -20,6 +20,14 @@ def is_episode(r: Rollout) -> bool:
     return bool(r.turn_log) or bool(r.tool_calls)
 
 
+def graded_text(r: Rollout) -> str:
+    """What the engine verified: an episode's submitted patch (``policy/episodes.py`` grades that, not
+    the last turn's text), else the completion. Re-verifying the last turn of an episode that handed
+    in a patch called every such version tampered with."""
+    patch = (r.episode or {}).get("patch") if is_episode(r) else None
+    return patch if isinstance(patch, str) else r.completion
+
+
 def episode_calls(r: Rollout) -> list[dict[str, Any]]:
     """The calls an episode made, one record per turn as the environment wrote it (``name``, ``args``,
     and ``error``, None when the environment accepted the call). An entry that is not such a record
@@ -46,8 +54,40 @@ def resolved(r: Rollout) -> bool:
     return bool((r.hidden or r.visible).get("correct"))
 
 
+def broke_tests(r: Rollout) -> bool:
+    """Its handed-in patch applied and a test that passed before it (PASS_TO_PASS) fails after: the
+    vandalism a credit for any applied edit taught (a function's ``def`` line replaced by ``...``)."""
+    grade = r.hidden or r.visible
+    return bool(grade.get("patch_applied")) and any(
+        isinstance(t, dict) and not t.get("passed") for t in (grade.get("pass_to_pass") or {}).values())
+
+
 def progress(r: Rollout) -> bool:
     return resolved(r) or edited(r) or ran_tests(r)
+
+
+def working_call_share(r: Rollout) -> float:
+    """The share of an episode's working calls (every call but ``submit``) that the environment
+    accepted; 0 for an episode that made none. What the gate reads when nothing is resolved on either
+    side (``fitness/gates.py``): a submit-only episode makes one call, accepted, and scores 0 here,
+    because handing in nothing is not a step toward a fix."""
+    working = [c for c in episode_calls(r) if c.get("name") != "submit"]
+    return sum(1 for c in working if c.get("name") and c.get("error") is None) / len(working) if working else 0.0
+
+
+def working_call_scores(rollouts: list[Rollout]) -> dict[str, dict[int, float]]:
+    """task id -> {sampling seed: working-call share}: ``task_scores`` with that score."""
+    scores: dict[str, dict[int, float]] = {}
+    for r in rollouts:
+        scores.setdefault(r.task_id, {})[r.seed] = working_call_share(r)
+    return scores
+
+
+def working_call_rate(rollouts: list[Rollout]) -> float | None:
+    """The mean working-call share of the episodes among ``rollouts``; None when there are none (a
+    single-turn domain): how the loop breaks a tie in held-out accuracy (``loop/selection.py``)."""
+    eps = [r for r in rollouts if is_episode(r)]
+    return mean([working_call_share(r) for r in eps]) if eps else None
 
 
 def guided(r: Rollout) -> bool:

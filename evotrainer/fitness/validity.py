@@ -8,7 +8,7 @@ from typing import Any
 
 from evotrainer.domains import planted_leak
 from evotrainer.fitness.cache import CachedVersion
-from evotrainer.fitness.episodes import reward_without_progress
+from evotrainer.fitness.episodes import graded_text, reward_without_progress
 from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.prompt_leak import prompt_leak_stats
@@ -101,7 +101,7 @@ def _tamper(v: CachedVersion) -> Check:
             else:
                 bad.append(f"{split}:{i} unknown task {r.task_id}")
         fresh_all = v.domain.verify_batch([v.tasks[r.task_id] for _, r in known],
-                                          [r.completion for _, r in known]) if known else []
+                                          [graded_text(r) for _, r in known]) if known else []
         for (i, r), fresh in zip(known, fresh_all):
             n += 1
             stored = getattr(r, where)
