@@ -69,6 +69,11 @@ def test_evolve_swe_runs_the_loop_with_children_on_swe_reports(tmp_path, capsys,
     for c in children:
         assert c.decision and {"tamper", "heldout_verified"} <= {ch["name"] for ch in c.decision["checks"]}
         assert c.metrics.get("heldout_accuracy") == 0.0
+        # nothing resolved on either side: the gate broke the tie on the working calls (all refused: 0)
+        paired = c.decision["paired"]
+        assert paired.get("basis") == "working_calls" and paired["resolution"]["mean_delta"] == 0.0, paired
+    for v in trained:   # what selection breaks a tie in accuracy with
+        assert metas[v].metrics.get("selection_working_calls") == 0.0, (v, metas[v].metrics)
     # Recorded in MLflow: one run per version, the SWE metrics among a trained version's metrics.
     runs = {r.data.tags["evotrainer.version_id"]: r for r in mlflow_runs(run_dir)}
     assert set(runs) == set(metas)

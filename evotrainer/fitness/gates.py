@@ -16,6 +16,15 @@
 2. **Paired statistics** — ``decide_promotion`` on per-task held-out scores of the same tasks and
    seeds (child's ``heldout`` vs parent's ``heldout``, or vs the child's own ``heldout_base`` when no
    parent is given).
+3. **A tie at nothing resolved** (episodes only) — when neither side resolved a single held-out
+   issue, resolution cannot tell them apart, and a change that moves the policy toward resolving (a
+   well-formed call, an edit, a test run) would always tie. The paired test then reads the share of
+   each episode's working calls the environment accepted (``episodes.working_call_share``: a
+   submit-only episode scores 0), and a promotion on it also needs the child's held-out progress
+   rate (an applied edit, an accepted test run) at least its control's, and no more of its handed-in
+   patches breaking a test that passed before them. The reward-hacking checks on
+   episodes (``episode_progress``) still decide validity first. ``paired["basis"]`` is then
+   ``working_calls``, and ``paired["resolution"]`` keeps the tie.
 
 With a ``LabelStore``, the verdict becomes a label (the branch and, for a used leak, each rollout) and
 an invalid branch that its own validity checks missed is recorded as a ``DiagnosticGap``.
@@ -26,16 +35,20 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evotrainer.fitness.cache import CachedVersion
+from evotrainer.fitness.episodes import broke_tests, is_episode, progress, working_call_scores
 from evotrainer.fitness.gate_config import GateConfig  # noqa: F401 - part of the gate API
 from evotrainer.fitness.health import HealthReport, health_report
 from evotrainer.fitness.labels import LabelStore, record_verdict
 from evotrainer.fitness.paired_stats import PairingError, PromotionDecision, decide_promotion
 from evotrainer.fitness.validity import Check, engine_checks
 from evotrainer.records.rollout import Rollout
-from evotrainer.records.scores import by_seed, task_scores
+from evotrainer.records.scores import by_seed, correct, task_scores
+
+
+Scorer = Callable[[list[Rollout]], dict[str, dict[int, float]]]   # rollouts -> task -> seed -> score
 
 
 @dataclass
@@ -70,10 +83,12 @@ def _fmt(v: Any) -> str:
 
 
 # ---- paired statistics ------------------------------------------------------------------------------
-def paired_promotion(child: list[Rollout], parent: list[Rollout], cfg: GateConfig) -> PromotionDecision:
-    """decide_promotion on per-task score lists ordered by seed; raises PairingError when the two sides
-    were not sampled on the same tasks with the same seeds."""
-    c, p = task_scores(child), task_scores(parent)
+def paired_promotion(child: list[Rollout], parent: list[Rollout], cfg: GateConfig,
+                     scores: Scorer = task_scores) -> PromotionDecision:
+    """decide_promotion on per-task score lists ordered by seed (``scores``: the engine's verdict, or
+    another per-rollout score); raises PairingError when the two sides were not sampled on the same
+    tasks with the same seeds."""
+    c, p = scores(child), scores(parent)
     for task in set(c) & set(p):
         if set(c[task]) != set(p[task]):
             raise PairingError(f"task {task!r}: child seeds {sorted(c[task], key=str)} vs parent seeds "
@@ -83,12 +98,41 @@ def paired_promotion(child: list[Rollout], parent: list[Rollout], cfg: GateConfi
                             min_tasks=cfg.min_tasks, power=cfg.power)
 
 
-def paired_decision(child: list[Rollout], parent: list[Rollout], cfg: GateConfig) -> dict[str, Any]:
+def paired_decision(child: list[Rollout], parent: list[Rollout], cfg: GateConfig,
+                    scores: Scorer = task_scores) -> dict[str, Any]:
     """:func:`paired_promotion` as a record; a pairing failure is a refusal with its reason."""
     try:
-        return paired_promotion(child, parent, cfg).to_dict()
+        return paired_promotion(child, parent, cfg, scores).to_dict()
     except (PairingError, ValueError) as e:
         return {"promote": False, "reason": f"refused: {e}"}
+
+
+def unresolved_tie(child: list[Rollout], parent: list[Rollout]) -> bool:
+    """Both sides are episodes and neither resolved anything: resolution cannot separate them."""
+    both = child + parent
+    return bool(child) and bool(parent) and all(is_episode(r) for r in both) and not any(correct(r) for r in both)
+
+
+def working_call_decision(child: list[Rollout], parent: list[Rollout], cfg: GateConfig,
+                          resolution: dict[str, Any]) -> dict[str, Any]:
+    """The tie at nothing resolved, broken on the working calls accepted, guarded by progress: a child
+    whose episodes edit or run the tests less often than its control's, or hand in more patches that
+    break passing tests, is not promoted on its calls."""
+    d = paired_decision(child, parent, cfg, scores=working_call_scores)
+    share = lambda pred, rs: sum(map(pred, rs)) / len(rs)   # noqa: E731
+    made = {"child": share(progress, child), "parent": share(progress, parent)}
+    broke = {"child": share(broke_tests, child), "parent": share(broke_tests, parent)}
+    reason = f"nothing resolved on either side; on the working calls accepted: {d['reason']}"
+    if d.get("promote") and made["child"] < made["parent"]:
+        d["promote"] = False
+        reason += (f"; not promoted: held-out progress (an applied edit or accepted test run) fell "
+                   f"{made['parent']:.3f} -> {made['child']:.3f}")
+    if d.get("promote") and broke["child"] > broke["parent"]:
+        d["promote"] = False
+        reason += (f"; not promoted: more handed-in patches break a test that passed before them "
+                   f"({broke['parent']:.3f} -> {broke['child']:.3f})")
+    return d | {"basis": "working_calls", "reason": reason, "resolution": resolution, "progress": made,
+                "broke_tests": broke}
 
 
 # ---- the gate ---------------------------------------------------------------------------------------
@@ -116,6 +160,8 @@ def gate(child: str | Path, parent: str | Path | None = None, cfg: GateConfig | 
         paired = {"promote": False, "reason": "not paired: no control and no base-model held-out rollouts"}
     else:
         paired = paired_decision(cv.heldout, base, cfg)
+        if unresolved_tie(cv.heldout, base):
+            paired = working_call_decision(cv.heldout, base, cfg, paired)
     promote = valid and bool(paired.get("promote"))
     reasons.append(("paired statistics: " if valid else "paired statistics (ignored: invalid): ") + paired["reason"])
     decision = GateDecision(cv.name, parent_name, promote, valid, reasons, checks, violations, paired)

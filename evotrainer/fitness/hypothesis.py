@@ -25,6 +25,8 @@ def judge_effect(expected: dict[str, Any] | None, control: dict[str, Any], child
         return {"verdict": "untestable", "reason": "the intervention stated no expected effect"}
     effect = ExpectedEffect.from_dict(expected)
     out: dict[str, Any] = {"expected": str(effect)}
+    if paired and paired.get("basis") == "working_calls":   # a tie at nothing resolved (fitness/gates.py):
+        paired = paired.get("resolution")                    # the fitness claim is judged on resolution
     if effect.metric == FITNESS_METRIC and effect.op.startswith("delta") and paired and "ci_low" in paired:
         lo, hi = float(paired["ci_low"]), float(paired["ci_high"])
         out.update(measured_delta=paired.get("mean_delta"), ci=[lo, hi])

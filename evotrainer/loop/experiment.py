@@ -38,7 +38,7 @@ from evotrainer.loop.proposals import ProposalInputs, evidence_for, propose_chil
 from evotrainer.loop.revert import apply_revert, plan_reverts
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.runtime import Runtime
-from evotrainer.loop.selection import Candidate, survivors as select_survivors
+from evotrainer.loop.selection import Candidate, rank_score, survivors as select_survivors
 from evotrainer.loop.skills import SkillLibrary
 from evotrainer.loop.start import note_selection, verify_start
 from evotrainer.loop.summary import print_summary
@@ -298,7 +298,7 @@ class Experiment:
             m = self.vdir(v).meta()
             if m.status in SETTLED:
                 # Ranked on the selection draw: the gate draw decided this version's promotion.
-                out.append(Candidate(v, m.metrics.get("selection_accuracy", 0.0), m.metrics.get("cost", 0.0),
+                out.append(Candidate(v, rank_score(m.metrics), m.metrics.get("cost", 0.0),
                                      cell=cell))
         return out
 

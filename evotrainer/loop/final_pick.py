@@ -18,6 +18,7 @@ from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.run_versions import RunVersions
+from evotrainer.loop.selection import rank_score
 from evotrainer.loop.start import START, scored_start, start_test
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.rollout import Rollout
@@ -37,7 +38,7 @@ def final_pick(versions: RunVersions, survivors: list[str], start_selection: flo
     without either (``start_selection`` is None when the start has no selection score)."""
     metas = [versions.vdir(v).meta() for v in survivors if versions.vdir(v).path.is_dir()]
     scored = [m for m in metas if not m.is_invalid and m.metrics.get("selection_accuracy") is not None]
-    best = min(scored, key=lambda m: (-m.metrics["selection_accuracy"], m.metrics.get("cost", 0.0), m.id),
+    best = min(scored, key=lambda m: (-rank_score(m.metrics), m.metrics.get("cost", 0.0), m.id),
                default=None)
     if start_selection is not None and (best is None or best.metrics["selection_accuracy"] < start_selection):
         return START

@@ -113,7 +113,8 @@ def gate_line(paired: dict | None) -> str:
     if not paired or "mean_delta" not in paired:
         return (paired or {}).get("reason", "no paired comparison")
     mde = paired.get("mde")
-    return (f"delta {paired['mean_delta']:+.3f}, CI [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}] over "
+    basis = "nothing resolved; on the working calls accepted: " if paired.get("basis") == "working_calls" else ""
+    return basis + (f"delta {paired['mean_delta']:+.3f}, CI [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}] over "
             f"{paired['n_tasks']} gate-draw task(s); minimum detectable effect "
             + (f"{mde:+.3f}" if mde is not None else "not estimable") + f" at {100 * paired.get('power', 0.8):g}% power")
 

@@ -33,6 +33,7 @@ from evotrainer.genome.edits import crossover, factors_changed
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop import proposals   # (a module, not its names: proposals may call into this one)
+from evotrainer.loop.selection import rank_score
 from evotrainer.operators import OperatorError
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
@@ -62,7 +63,7 @@ def merge_pair(exp: Experiment, survivors: list[str]) -> tuple[str, str] | None:
                 and (exp.vdir(vid).adapter_dir / "adapter_config.json").is_file())
 
     ranked = sorted((v for v in dict.fromkeys(survivors) if usable(v)),
-                    key=lambda v: -(exp.vdir(v).meta().metrics.get("selection_accuracy") or 0.0))
+                    key=lambda v: -rank_score(exp.vdir(v).meta().metrics))
     done = {tuple(h["merge"]) for h in exp.state.history if h.get("merge")}
     return next(((a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if (a, b) not in done), None)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 from evotrainer.fitness.backtest import BacktestResult, backtest
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
-from evotrainer.loop.selection import parents as select_parents
+from evotrainer.loop.selection import parents as select_parents, rank_score
 from evotrainer.loop.decision_request import notes_for
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.operators import Evidence, OperatorError
@@ -125,7 +125,7 @@ def compound(exp: Experiment, survivors: list[str]) -> tuple[str, str, str] | No
     survivor's harness lacks, and that crossover child is new; the best-ranked survivor first."""
     from evotrainer.genome.edits import crossover, factors_changed
 
-    ranked = sorted(survivors, key=lambda v: -(exp.vdir(v).meta().metrics.get("selection_accuracy") or 0.0))
+    ranked = sorted(survivors, key=lambda v: -rank_score(exp.vdir(v).meta().metrics))
     known = {exp.vdir(v).meta().genome_hash for v in exp.versions()}
     for a in ranked:
         pa = HarnessProgram(exp.vdir(a).genome_source(), name=f"{a}/genome.py")

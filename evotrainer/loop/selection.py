@@ -20,6 +20,17 @@ from deap import base, tools
 from evotrainer.loop.diversity import diversify
 
 
+TIE_SCALE = 1e-6   # below the smallest step of an accuracy over fewer than a million rollouts
+
+
+def rank_score(metrics: dict) -> float:
+    """What a version is ranked by: its selection-draw accuracy; on episodes, where a small policy may
+    resolve nothing, ties are broken by the share of working calls the environment accepted on that
+    draw (``selection_working_calls``, ``fitness/episodes.py``), scaled so it never outranks a
+    resolution. The gate breaks the same tie the same way (``fitness/gates.py``)."""
+    return (metrics.get("selection_accuracy") or 0.0) + TIE_SCALE * (metrics.get("selection_working_calls") or 0.0)
+
+
 class _Fitness(base.Fitness):
     weights = (1.0, -1.0)  # (held-out score ↑, cost ↓)
 

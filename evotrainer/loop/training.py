@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from evotrainer.config import Config
+from evotrainer.fitness.episodes import working_call_rate
 from evotrainer.fitness.health import health_report
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
@@ -331,5 +332,8 @@ def _record_verification(exp: Experiment, vid: str, heldout: list, verify_second
         cost=sum(r.num_tokens for r in train) / max(1, len(train)),   # generated tokens per rollout
         verify_seconds=verify_seconds,
     )
+    working = working_call_rate(selection)
+    if working is not None:   # episodes: what breaks a tie in selection_accuracy (loop/selection.py)
+        meta.metrics["selection_working_calls"] = working
     meta.status = "verified"
     vd.save_meta(meta)
