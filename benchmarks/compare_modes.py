@@ -51,7 +51,7 @@ from evotrainer.loop.start import START
 from evotrainer.records.version import VersionDir
 
 from compare_modes_report import mean_score, print_protocol, report_children   # benchmarks/: the script's folder
-from headroom_report import episode_scores
+from headroom_report import EPISODE_RATES, episode_scores
 
 MODES = ("reference", "evolve", "random-library")
 PROTOCOLS = ("total", "depth")
@@ -165,10 +165,11 @@ def episode_rates(rollouts) -> dict | None:
 
 
 def backfill_episode_rates(results: dict[str, list[dict]], root: Path) -> None:
-    """Rows stored before the rates were recorded get them from their kept run dirs (``--out``)."""
+    """Rows stored before the rates (or one of them) were recorded get them from their kept run dirs
+    (``--out``)."""
     for name, rows in results.items():
         for r in rows:
-            if "episode_scores" in r or "test_scores" not in r:
+            if set(EPISODE_RATES) <= set(r.get("episode_scores", {})) or "test_scores" not in r:
                 continue
             protocol = r.get("same_run_as") or name.partition("@")[2] or "total"
             run = Path(r.get("run_dir") or root / f"{name.partition('@')[0]}-{protocol}-s{r['seed']}")

@@ -9,22 +9,25 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from evotrainer.fitness.episodes import edited, episode_calls, progress, ran_tests, resolved, valid_calls
+from evotrainer.fitness.episodes import (edited, episode_calls, progress, ran_tests, resolved, valid_calls,
+                                        working_call_share)
 from evotrainer.fitness.paired_stats import bootstrap_ci, paired_deltas
 from evotrainer.records.version import VersionDir
 
 SAMPLED_TASKS, SAMPLED_K = 48, 4   # the held-out size a run affords, k answers each at the training temperature
 # What an episode did, per test task (fitness/episodes.py): the figures a SWE comparison reports.
-EPISODE_RATES = ("resolved", "valid_call_rate", "edited", "ran_tests", "progress")
+EPISODE_RATES = ("resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress")
 
 
 def episode_scores(rollouts) -> dict[str, dict[str, float]]:
     """Per test task (greedy, one episode each): resolved, the share of its calls the environment
-    accepted, whether it edited a file, ran the tests, made any of that progress."""
+    accepted, the share of its working calls (all but submit) accepted, what the gate breaks a tie at
+    nothing resolved with, whether it edited a file, ran the tests, made any of that progress."""
     out: dict[str, dict[str, float]] = {k: {} for k in EPISODE_RATES}
     for r in rollouts:
         calls = len(episode_calls(r))
         for k, v in (("resolved", resolved(r)), ("valid_call_rate", valid_calls(r) / calls if calls else 0.0),
+                     ("working_calls", working_call_share(r)),
                      ("edited", edited(r)), ("ran_tests", ran_tests(r)), ("progress", progress(r))):
             out[k][r.task_id] = float(v)
     return out
@@ -170,13 +173,17 @@ def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int,
         return {f"{t}@{r['seed']}": v for r in rs for t, v in r["episode_scores"][key].items()}
 
     base = (data.get("base") or {}).get("episode_scores")
+    rows = [r for rs in by_variant.values() for r in rs] + list(ref.values())
+    known = {k for k in EPISODE_RATES if all(k in r["episode_scores"] for r in rows) and (not base or k in base)}
     lines = ["episode rates on the test split (greedy; per episode: resolved, share of calls accepted, edited, "
              "ran tests, any progress), paired with reference over (task, seed)"
-             + ("; untrained: " + ", ".join(f"{k} {statistics.fmean(base[k].values()):.3f}" for k in EPISODE_RATES)
+             + ("; untrained: " + ", ".join(f"{k} {statistics.fmean(base[k].values()):.3f}" for k in EPISODE_RATES if k in known)
                 if base else "")]
     for name, rs in by_variant.items():
         cells = []
         for k in EPISODE_RATES:
+            if k not in known:
+                continue   # a rate added after some of these runs were scored
             m = statistics.fmean(v for r in rs for v in r["episode_scores"][k].values())
             paired = [r for r in rs if r["seed"] in ref]
             if name != "reference" and paired:

@@ -68,7 +68,7 @@ def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
     out = _run(args, tmp_path)
     data = json.loads((tmp_path / "h.json").read_text())
     for r in data["runs"]:
-        assert set(r["episode_scores"]) == {"resolved", "valid_call_rate", "edited", "ran_tests", "progress"}
+        assert set(r["episode_scores"]) == {"resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress"}
         assert all(len(v) == 2 for v in r["episode_scores"].values())
     assert "episode rates on the test split" in out and "swe_call_form_credit (1 seed(s)): resolved" in out
     assert "swe_call_form_credit seed 0:" in out and "->" in out   # the form ladder, read from the run dirs
@@ -155,14 +155,19 @@ def test_compare_modes_on_swe_pairs_what_each_pick_s_test_episodes_did(tmp_path)
     stored = json.loads((tmp_path / "c.json").read_text())
     for name in ("reference@total", "evolve@total"):
         (row,) = stored["results"][name]
-        assert set(row["episode_scores"]) == {"resolved", "valid_call_rate", "edited", "ran_tests", "progress"}
+        assert set(row["episode_scores"]) == {"resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress"}
         assert sorted(row["episode_scores"]["resolved"]) == sorted(row["test_scores"])   # one per test task
     assert "episode rates on the test split" in out and "untrained: resolved" in out
     assert "evolve (1 seed(s)): resolved" in out and "[" in out.split("evolve (1 seed(s)): resolved")[1]
-    for rows in stored["results"].values():       # as a JSON written before the rates were recorded
+    for name, rows in stored["results"].items():   # as JSONs written before the rates (or one) were recorded
         for row in rows:
-            del row["episode_scores"], row["run_dir"]
+            if name == "evolve@total":
+                del row["episode_scores"], row["run_dir"]
+            else:
+                del row["episode_scores"]["working_calls"]
     (tmp_path / "c.json").write_text(json.dumps(stored))
     again = _run(args, tmp_path)
     assert "resuming from" in again and " seed 0: best" not in again
-    assert "evolve (1 seed(s)): resolved" in again
+    assert "evolve (1 seed(s)): resolved" in again and "working_calls" in again.split("evolve (1 seed(s))")[1]
+    refilled = json.loads((tmp_path / "c.json").read_text())
+    assert all("working_calls" in row["episode_scores"] for rows in refilled["results"].values() for row in rows)
