@@ -122,15 +122,15 @@ def working_call_decision(child: list[Rollout], parent: list[Rollout], cfg: Gate
     share = lambda pred, rs: sum(map(pred, rs)) / len(rs)   # noqa: E731
     made = {"child": share(progress, child), "parent": share(progress, parent)}
     broke = {"child": share(broke_tests, child), "parent": share(broke_tests, parent)}
+    vetoes = [f"held-out progress (an applied edit or accepted test run) fell {made['parent']:.3f} -> "
+              f"{made['child']:.3f}"] if made["child"] < made["parent"] else []
+    vetoes += [f"more handed-in patches break a test that passed before them ({broke['parent']:.3f} -> "
+               f"{broke['child']:.3f})"] if broke["child"] > broke["parent"] else []
     reason = f"nothing resolved on either side; on the working calls accepted: {d['reason']}"
-    if d.get("promote") and made["child"] < made["parent"]:
+    if d.get("promote") and vetoes:
         d["promote"] = False
-        reason += (f"; not promoted: held-out progress (an applied edit or accepted test run) fell "
-                   f"{made['parent']:.3f} -> {made['child']:.3f}")
-    if d.get("promote") and broke["child"] > broke["parent"]:
-        d["promote"] = False
-        reason += (f"; not promoted: more handed-in patches break a test that passed before them "
-                   f"({broke['parent']:.3f} -> {broke['child']:.3f})")
+        reason = (f"nothing resolved on either side; refused: {'; '.join(vetoes)}, though on the working calls "
+                  f"accepted the {d['reason'].removeprefix('promoted: ')}")
     return d | {"basis": "working_calls", "reason": reason, "resolution": resolution, "progress": made,
                 "broke_tests": broke}
 
