@@ -75,14 +75,6 @@ def working_call_share(r: Rollout) -> float:
     return sum(1 for c in working if c.get("name") and c.get("error") is None) / len(working) if working else 0.0
 
 
-def working_call_scores(rollouts: list[Rollout]) -> dict[str, dict[int, float]]:
-    """task id -> {sampling seed: working-call share}: ``task_scores`` with that score."""
-    scores: dict[str, dict[int, float]] = {}
-    for r in rollouts:
-        scores.setdefault(r.task_id, {})[r.seed] = working_call_share(r)
-    return scores
-
-
 def working_call_rate(rollouts: list[Rollout]) -> float | None:
     """The mean working-call share of the episodes among ``rollouts``; None when there are none (a
     single-turn domain): how the loop breaks a tie in held-out accuracy (``loop/selection.py``)."""

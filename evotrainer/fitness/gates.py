@@ -38,17 +38,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evotrainer.fitness.cache import CachedVersion
-from evotrainer.fitness.episodes import broke_tests, is_episode, progress, working_call_scores
+from evotrainer.fitness.episodes import broke_tests, is_episode, progress, working_call_share
 from evotrainer.fitness.gate_config import GateConfig  # noqa: F401 - part of the gate API
 from evotrainer.fitness.health import HealthReport, health_report
 from evotrainer.fitness.labels import LabelStore, record_verdict
 from evotrainer.fitness.paired_stats import PairingError, PromotionDecision, decide_promotion
 from evotrainer.fitness.validity import Check, engine_checks
 from evotrainer.records.rollout import Rollout
+from evotrainer.records.numeric import mean
 from evotrainer.records.scores import by_seed, correct, task_scores
 
-
-Scorer = Callable[[list[Rollout]], dict[str, dict[int, float]]]   # rollouts -> task -> seed -> score
+TIE_BASIS = "nothing resolved on either side"   # how a decision broken on the working calls begins
 
 
 @dataclass
@@ -84,11 +84,11 @@ def _fmt(v: Any) -> str:
 
 # ---- paired statistics ------------------------------------------------------------------------------
 def paired_promotion(child: list[Rollout], parent: list[Rollout], cfg: GateConfig,
-                     scores: Scorer = task_scores) -> PromotionDecision:
-    """decide_promotion on per-task score lists ordered by seed (``scores``: the engine's verdict, or
+                     score: Callable[[Rollout], float] = correct) -> PromotionDecision:
+    """decide_promotion on per-task score lists ordered by seed (``score``: the engine's verdict, or
     another per-rollout score); raises PairingError when the two sides were not sampled on the same
     tasks with the same seeds."""
-    c, p = scores(child), scores(parent)
+    c, p = task_scores(child, score), task_scores(parent, score)
     for task in set(c) & set(p):
         if set(c[task]) != set(p[task]):
             raise PairingError(f"task {task!r}: child seeds {sorted(c[task], key=str)} vs parent seeds "
@@ -99,10 +99,10 @@ def paired_promotion(child: list[Rollout], parent: list[Rollout], cfg: GateConfi
 
 
 def paired_decision(child: list[Rollout], parent: list[Rollout], cfg: GateConfig,
-                    scores: Scorer = task_scores) -> dict[str, Any]:
+                    score: Callable[[Rollout], float] = correct) -> dict[str, Any]:
     """:func:`paired_promotion` as a record; a pairing failure is a refusal with its reason."""
     try:
-        return paired_promotion(child, parent, cfg, scores).to_dict()
+        return paired_promotion(child, parent, cfg, score).to_dict()
     except (PairingError, ValueError) as e:
         return {"promote": False, "reason": f"refused: {e}"}
 
@@ -118,18 +118,17 @@ def working_call_decision(child: list[Rollout], parent: list[Rollout], cfg: Gate
     """The tie at nothing resolved, broken on the working calls accepted, guarded by progress: a child
     whose episodes edit or run the tests less often than its control's, or hand in more patches that
     break passing tests, is not promoted on its calls."""
-    d = paired_decision(child, parent, cfg, scores=working_call_scores)
-    share = lambda pred, rs: sum(map(pred, rs)) / len(rs)   # noqa: E731
-    made = {"child": share(progress, child), "parent": share(progress, parent)}
-    broke = {"child": share(broke_tests, child), "parent": share(broke_tests, parent)}
+    d = paired_decision(child, parent, cfg, score=working_call_share)
+    made = {"child": mean([progress(r) for r in child]), "parent": mean([progress(r) for r in parent])}
+    broke = {"child": mean([broke_tests(r) for r in child]), "parent": mean([broke_tests(r) for r in parent])}
     vetoes = [f"held-out progress (an applied edit or accepted test run) fell {made['parent']:.3f} -> "
               f"{made['child']:.3f}"] if made["child"] < made["parent"] else []
     vetoes += [f"more handed-in patches break a test that passed before them ({broke['parent']:.3f} -> "
                f"{broke['child']:.3f})"] if broke["child"] > broke["parent"] else []
-    reason = f"nothing resolved on either side; on the working calls accepted: {d['reason']}"
+    reason = f"{TIE_BASIS}; on the working calls accepted: {d['reason']}"
     if d.get("promote") and vetoes:
         d["promote"] = False
-        reason = (f"nothing resolved on either side; refused: {'; '.join(vetoes)}, though on the working calls "
+        reason = (f"{TIE_BASIS}; refused: {'; '.join(vetoes)}, though on the working calls "
                   f"accepted the {d['reason'].removeprefix('promoted: ')}")
     return d | {"basis": "working_calls", "reason": reason, "resolution": resolution, "progress": made,
                 "broke_tests": broke}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, ContextManager
 
 from evotrainer.fitness.gate_config import GateConfig
-from evotrainer.fitness.gates import gate
+from evotrainer.fitness.gates import TIE_BASIS, gate
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.hypothesis import judge_effect
 from evotrainer.fitness.labels import LabelStore
@@ -113,7 +113,7 @@ def gate_line(paired: dict | None) -> str:
     if not paired or "mean_delta" not in paired:
         return (paired or {}).get("reason", "no paired comparison")
     mde = paired.get("mde")
-    basis = "nothing resolved; on the working calls accepted: " if paired.get("basis") == "working_calls" else ""
+    basis = f"{TIE_BASIS}; on the working calls accepted: " if paired.get("basis") == "working_calls" else ""
     return basis + (f"delta {paired['mean_delta']:+.3f}, CI [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}] over "
             f"{paired['n_tasks']} gate-draw task(s); minimum detectable effect "
             + (f"{mde:+.3f}" if mde is not None else "not estimable") + f" at {100 * paired.get('power', 0.8):g}% power")

@@ -6,7 +6,7 @@ the verifier's visible outcome for train rollouts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from evotrainer.records.rollout import Rollout
 
@@ -21,11 +21,12 @@ def heldout_accuracy(rollouts: Sequence[Rollout]) -> float:
     return sum(correct(r) for r in rollouts) / len(rollouts) if rollouts else 0.0
 
 
-def task_scores(rollouts: Sequence[Rollout]) -> dict[str, dict[int, float]]:
-    """task id -> {sampling seed: 1.0 correct / 0.0 wrong}: the input of every paired comparison."""
+def task_scores(rollouts: Sequence[Rollout], score: Callable[[Rollout], float] = correct) -> dict[str, dict[int, float]]:
+    """task id -> {sampling seed: ``score`` (1.0 correct / 0.0 wrong by default)}: the input of every
+    paired comparison."""
     scores: dict[str, dict[int, float]] = {}
     for r in rollouts:
-        scores.setdefault(r.task_id, {})[r.seed] = float(correct(r))
+        scores.setdefault(r.task_id, {})[r.seed] = float(score(r))
     return scores
 
 
