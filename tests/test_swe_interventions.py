@@ -115,14 +115,26 @@ def test_give_up_and_repeat_penalties():
         assert h.reward([r.for_harness() for r in escapes], [{"id": "t0"}] * 3) == pytest.approx([-0.2, -0.3, 0.0])
 
 
-def test_the_progress_credit_pays_for_edits_and_test_runs_not_for_calls():
+def test_the_progress_credit_pays_for_edits_that_break_nothing_and_test_runs_not_for_calls():
     tested = turn('```tool\n{"name": "run_tests", "args": {}}\n```', name="run_tests", error=None)
     refused_edit = turn("```tool\n...\n```", name="edit", error="search text not found in pkg/mod.py")
+
+    def graded(r, applied=True, broken=()):
+        """The verdict on the handed-in patch, as training sees it (``visible``: the hidden grade)."""
+        r.visible = {**r.visible, "patch_applied": applied,
+                     "pass_to_pass": {f"t{i}": {"passed": i not in broken} for i in range(3)}}
+        return r
+
     rs = [episode([ACCEPTED, ACCEPTED, ACCEPTED]), episode([REFUSED, PROSE]), episode([refused_edit]),
-          episode([ACCEPTED, EDIT]), episode([tested]), episode([EDIT, tested]), episode([PROSE], resolved=True)]
+          graded(episode([ACCEPTED, EDIT], submitted=True)), episode([tested]),
+          graded(episode([EDIT, tested], submitted=True)), episode([PROSE], resolved=True),
+          # An applied edit whose patch breaks a test that passed before (a def line replaced by `...`),
+          # one never handed in (nothing graded), one whose patch did not apply: the edit half is not paid.
+          graded(episode([EDIT, tested], submitted=True), broken=(1,)), episode([EDIT, tested]),
+          graded(episode([EDIT], submitted=True), applied=False)]
     with Harness(_child("swe_progress_credit", credit=0.3)) as h:
         got = h.reward([r.for_harness() for r in rs], [{"id": "t0"}] * len(rs))
-    assert got == pytest.approx([0.0, 0.0, 0.0, 0.15, 0.15, 0.3, 1.0])
+    assert got == pytest.approx([0.0, 0.0, 0.0, 0.15, 0.15, 0.3, 1.0, 0.15, 0.15, 0.0])
 
 
 def test_the_worked_prompt_shows_well_formed_calls_before_the_issue():

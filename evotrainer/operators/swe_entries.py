@@ -14,7 +14,8 @@ every group is dead and no gradient step is taken. The entries answer the report
 - ``echo_trap``: a penalty for turns that repeat a call already made in the episode, or make one
   the environment refuses (else a malformed call is the way out of the penalty);
 - ``calls_without_progress`` (well-formed calls that edit nothing and run no test): a credit for
-  progress itself, an applied edit and a test run, in place of a credit for the calls' form;
+  progress itself, an applied edit that breaks no passing test and a test run, in place of a credit
+  for the calls' form;
 - ``tool_failures`` (malformed calls): part of each group decoded under the environment's tool-call
   grammar (``guided_call_share``), so well-formed calls reach the tools and the free rest learns from them;
 - no progress (no episode edits or runs the tests, whatever its calls' form): part of each group guided
@@ -155,18 +156,24 @@ REPEAT_PENALTY = '''def reward(rollouts, tasks):
 
 PROGRESS_CREDIT = '''def reward(rollouts, tasks):
     """1 when the patch resolves the issue. Otherwise a credit for progress, at most $credit (far below a
-    resolution): half of it for an edit the environment applied, half for running the tests. A call
-    that changes nothing (reading, listing, repeating) earns nothing, so the credit cannot be farmed
-    with well-formed calls alone."""
+    resolution): half of it for an edit the environment applied, paid only when the handed-in patch
+    applies and breaks no test that passed before it; half for running the tests. A call that changes
+    nothing (reading, listing, repeating) earns nothing, so the credit cannot be farmed with well-formed
+    calls alone; and an edit that breaks the repository earns nothing, so it cannot be farmed with
+    vandalism (paid for any applied edit, a 135M policy learned to replace a function's def line with
+    `...`)."""
     out = []
     for r in rollouts:
-        if (r.get("visible") or {}).get("correct"):
+        grade = r.get("visible") or {}
+        if grade.get("correct"):
             out.append(1.0)
             continue
         calls = [c for c in (r.get("tool_calls") or []) if isinstance(c, dict) and c.get("error") is None]
         edited = any(c.get("name") == "edit" for c in calls)
+        kept = bool(grade.get("patch_applied")) and not any(
+            isinstance(t, dict) and not t.get("passed") for t in (grade.get("pass_to_pass") or {}).values())
         tested = any(c.get("name") == "run_tests" for c in calls)
-        out.append($credit * (0.5 * edited + 0.5 * tested))
+        out.append($credit * (0.5 * (edited and kept) + 0.5 * tested))
     return out'''
 
 SWE_ENTRIES: tuple[LibraryEntry, ...] = (
@@ -232,8 +239,8 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
     LibraryEntry(
         "swe_progress_credit", "reward (episodes): credit for an applied edit and a test run, capped below a resolution",
         "hook:reward", (when("train_valid_call_rate", ">", 0.5), when("train_progress_rate", "<", 0.05)),
-        "If each unresolved episode earns up to {credit} for progress (half for an applied edit, half for a test run) "
-        "instead of for its calls' form, the share of episodes that edit or run the tests rises, because well-formed "
+        "If each unresolved episode earns up to {credit} for progress (half for an applied edit whose handed-in patch "
+        "breaks no passing test, half for a test run) instead of for its calls' form, the share of episodes that edit or run the tests rises, because well-formed "
         "calls are within the policy's reach and now pay only when they do what fixing the issue needs.",
         ExpectedEffect("train_progress_rate", "delta>", 0.0),
         "process rewards for agentic RL: reward progress, not activity (the calls_without_progress rule)",
