@@ -17,7 +17,7 @@ from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.loop.seed import DOMAIN_HARNESSES
 from evotrainer.operators import Evidence, get_operator
-from evotrainer.operators.library import default_entries, propose_entry
+from evotrainer.operators.library import default_entries, entries_text, propose_entry
 from evotrainer.records.rollout import Rollout
 
 SWE = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
@@ -87,6 +87,30 @@ def test_every_swe_entry_fires_on_the_swe_report_and_makes_a_single_factor_child
         for e in ENTRIES:
             why[e].add(skipped[e])
     assert all(any("episode" in w for w in ws) for ws in why.values()), why
+
+
+# What a guided-plan child of the reference reports (compare_modes_swe_16steps_tiebreak's shape): the
+# plan's episodes edit and run the tests, the free ones make no call the environment accepts, and the
+# resolution-only reward pays both nothing, so every group is dead.
+PLAN_REPORT = {"metrics": {"turns_mean": 4.0, "tool_failure_rate": 1.0, "malformed_call_rate": 1.0,
+                           "dead_group_ratio": 1.0, "guided_episode_rate": 0.5, "train_valid_call_rate": 0.0,
+                           "train_progress_rate": 0.0, "train_guided_progress_rate": 1.0, "correct_rate": 0.0}}
+
+
+def test_a_plan_whose_progress_earns_nothing_fires_the_progress_credit():
+    tested = turn('```tool\n{"name": "run_tests", "args": {}}\n```', name="run_tests", error=None)
+    plan = episode([ACCEPTED, EDIT, tested], submitted=True)
+    plan.episode = {**plan.episode, "guided": True}
+    m = episode_metrics([plan, episode([PROSE, PROSE])], "train_")
+    assert m["train_guided_progress_rate"] == 1.0 and m["train_progress_rate"] == 0.0   # free: the policy's own
+    assert "train_guided_progress_rate" not in episode_metrics([episode([PROSE])], "train_")
+    op = get_operator("library")
+    found, skipped = op.applicable(SWE, Evidence(health_report=PLAN_REPORT))
+    assert "swe_progress_credit" in {a.entry.id for a in found}, skipped
+    # Paid already (live groups): the plan's progress is not the missing signal, so it does not fire.
+    paid = {"metrics": {**PLAN_REPORT["metrics"], "dead_group_ratio": 0.0}}
+    assert "swe_progress_credit" not in {a.entry.id for a in op.applicable(SWE, Evidence(health_report=paid))[0]}
+    assert " or train_guided_progress_rate > 0.5" in entries_text([ENTRIES["swe_progress_credit"]])
 
 
 def _child(entry_id, **params):

@@ -90,16 +90,21 @@ def guided(r: Rollout) -> bool:
 
 def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | None]:
     """Valid-call rate (of all calls), and the shares of episodes that edited, ran tests, made progress:
-    the policy's own, so of the free episodes where there are any."""
-    eps = [r for r in rollouts if is_episode(r)]
-    eps = [r for r in eps if not guided(r)] or eps
+    the policy's own, so of the free episodes where there are any; and, when some were guided, the
+    share of the guided ones that made progress (``guided_progress_rate``)."""
+    episodes = [r for r in rollouts if is_episode(r)]
+    steered = [r for r in episodes if guided(r)]
+    eps = [r for r in episodes if not guided(r)] or episodes
     if not eps:
         return {}
     calls = sum(len(episode_calls(r)) for r in eps)
-    return {f"{prefix}valid_call_rate": sum(valid_calls(r) for r in eps) / calls if calls else 0.0,
-            f"{prefix}edit_rate": mean([edited(r) for r in eps]),
-            f"{prefix}test_run_rate": mean([ran_tests(r) for r in eps]),
-            f"{prefix}progress_rate": mean([progress(r) for r in eps])}
+    out = {f"{prefix}valid_call_rate": sum(valid_calls(r) for r in eps) / calls if calls else 0.0,
+           f"{prefix}edit_rate": mean([edited(r) for r in eps]),
+           f"{prefix}test_run_rate": mean([ran_tests(r) for r in eps]),
+           f"{prefix}progress_rate": mean([progress(r) for r in eps])}
+    if steered:   # what guidance (a plan) makes happen: progress a reward may or may not pay for
+        out[f"{prefix}guided_progress_rate"] = mean([progress(r) for r in steered])
+    return out
 
 
 def _first_and_last(rollouts: list[Rollout], window: int) -> tuple[list[Rollout], list[Rollout]] | None:

@@ -258,17 +258,22 @@ def _change_text(entry: LibraryEntry) -> str:
 
 def seed_skills(entries: Sequence[LibraryEntry] | None = None) -> list[dict[str, Any]]:
     """The entries as skills (the fields of ``loop/skills.py`` ``Skill``), for seeding a skill library:
-    literature knowledge, so no evidence yet, not validated, and not tied to a domain."""
+    literature knowledge, so no evidence yet, not validated, and not tied to a domain. A skill's trigger
+    is one set of conditions, so an entry with an ``or_trigger`` becomes two skills (``...-or``)."""
     out = []
     for e in entries if entries is not None else default_entries():
-        out.append({
-            "id": f"library-{e.id}", "factor": e.factor, "trigger": [dict(c) for c in e.trigger],
+        for trigger, suffix in ((e.trigger, ""), (e.or_trigger, "-or")):
+            if trigger or not suffix:
+                out.append(_seed_skill(e, trigger, suffix))
+    return out
+
+
+def _seed_skill(e: LibraryEntry, trigger: Sequence[dict[str, Any]], suffix: str) -> dict[str, Any]:
+    return {"id": f"library-{e.id}{suffix}", "factor": e.factor, "trigger": [dict(c) for c in trigger],
             "intervention": {"factor": e.factor, "template": _change_text(e), "entry": e.id,
                              "params": {p.name: list(p.choices) for p in e.params}},
             "expected_outcome": e.expected_effect.to_dict(), "hypothesis": e.hypothesis,
-            "evidence": [], "domains": [], "validated": False, "scope": "general", "source": e.source,
-        })
-    return out
+            "evidence": [], "domains": [], "validated": False, "scope": "general", "source": e.source}
 
 
 def _fmt_value(v: Any) -> str:
@@ -284,7 +289,8 @@ def entry_text(entry: LibraryEntry, options: dict[str, list[Any]] | None = None,
     line = f"- {entry.id}: {entry.summary}. params: {params}"
     if not full:
         return line
-    when = " and ".join(f"{c['metric']} {c['op']} {c['value']:g}" for c in entry.trigger)
+    when = " or ".join(" and ".join(f"{c['metric']} {c['op']} {c['value']:g}" for c in t)
+                       for t in (entry.trigger, entry.or_trigger) if t)
     return f"{line}. factor: {entry.factor}. expect: {entry.expected_effect}. when: {when}. source: {entry.source}"
 
 

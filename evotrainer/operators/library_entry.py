@@ -61,6 +61,8 @@ class LibraryEntry:
     single_turn: bool = False
     # Reads an episode's turns and tool calls: meaningless on single-turn rollouts.
     episodes_only: bool = False
+    # A second report the same change answers (all must hold): the entry fires on either.
+    or_trigger: tuple[dict[str, Any], ...] = ()
 
     @property
     def kind(self) -> str:
@@ -71,7 +73,7 @@ class LibraryEntry:
         return self.factor.partition(":")[2]
 
     def fires(self, metrics: dict[str, Any]) -> bool:
-        return bool(self.trigger) and all(holds(c, metrics) for c in self.trigger)
+        return any(bool(t) and all(holds(c, metrics) for c in t) for t in (self.trigger, self.or_trigger))
 
     # ---- what the entry can do on a parent -----------------------------------------------
     def unavailable(self, parent: HarnessProgram) -> str | None:

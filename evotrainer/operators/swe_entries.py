@@ -13,9 +13,9 @@ every group is dead and no gradient step is taken. The entries answer the report
 - ``giving_up``: a penalty for an episode that hands in a patch without editing anything;
 - ``echo_trap``: a penalty for turns that repeat a call already made in the episode, or make one
   the environment refuses (else a malformed call is the way out of the penalty);
-- ``calls_without_progress`` (well-formed calls that edit nothing and run no test): a credit for
-  progress itself, an applied edit that breaks no passing test and a test run, in place of a credit
-  for the calls' form;
+- ``calls_without_progress`` (well-formed calls that edit nothing and run no test), or a guided
+  plan's progress that the reward does not pay (dead groups): a credit for progress itself, an
+  applied edit that breaks no passing test and a test run, in place of a credit for the calls' form;
 - ``tool_failures`` (malformed calls): part of each group decoded under the environment's tool-call
   grammar (``guided_call_share``), so well-formed calls reach the tools and the free rest learns from them;
 - no progress (no episode edits or runs the tests, whatever its calls' form): part of each group guided
@@ -240,9 +240,14 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "swe_progress_credit", "reward (episodes): credit for an applied edit and a test run, capped below a resolution",
         "hook:reward", (when("train_valid_call_rate", ">", 0.5), when("train_progress_rate", "<", 0.05)),
         "If each unresolved episode earns up to {credit} for progress (half for an applied edit whose handed-in patch "
-        "breaks no passing test, half for a test run) instead of for its calls' form, the share of episodes that edit or run the tests rises, because well-formed "
-        "calls are within the policy's reach and now pay only when they do what fixing the issue needs.",
+        "breaks no passing test, half for a test run) in place of what the reward paid, the share of free episodes "
+        "that edit or run the tests rises, because progress is within reach (well-formed calls, or a guided plan's "
+        "edits and test runs) and now pays, where before it earned what doing nothing earns.",
         ExpectedEffect("train_progress_rate", "delta>", 0.0),
         "process rewards for agentic RL: reward progress, not activity (the calls_without_progress rule)",
-        template=PROGRESS_CREDIT, params=(Param("credit", (0.2, 0.3)),), episodes_only=True),
+        template=PROGRESS_CREDIT, params=(Param("credit", (0.2, 0.3)),), episodes_only=True,
+        # A guided plan's episodes edit and run the tests, and a resolution-only reward pays them what it pays
+        # the free ones (nothing): every group is dead. The credit makes the plan's progress the contrast.
+        or_trigger=(when("train_guided_progress_rate", ">", 0.5), when("dead_group_ratio", ">", 0.5),
+                    when("train_progress_rate", "<", 0.05))),
 )
