@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from evotrainer.fitness.episodes import (edited, episode_calls, progress, ran_tests, resolved, valid_calls,
+from evotrainer.fitness.episodes import (broke_tests, edited, episode_calls, progress, ran_tests, resolved, valid_calls,
                                         working_call_share)
 from evotrainer.fitness.paired_stats import bootstrap_ci, paired_deltas
 from evotrainer.records.version import VersionDir
@@ -98,10 +98,13 @@ def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
     lines = ["training episodes' call form, first two steps -> last two (share of turns fenced / with the ```tool "
              "fence; named calls)"]
     guided: list[str] = []
+    patches: list[str] = []
     for name, rs in by_variant.items():
         for r in sorted(rs, key=lambda r: r["seed"]):
-            every = VersionDir(out / name / f"seed{r['seed']}").rollouts("train")
+            run = VersionDir(out / name / f"seed{r['seed']}")
+            every = run.rollouts("train")
             guided += guided_line(name, r["seed"], every)
+            patches += patch_line(name, r["seed"], run)
             rows = [x for x in every if not (x.episode or {}).get("guided")]
             if not rows:
                 continue
@@ -118,7 +121,25 @@ def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
             lines.append(f"  {name} seed {r['seed']}: {parts[0]} -> {parts[1]}")
     if guided:
         lines += ["", "training episodes, guided vs free (per episode; accepted calls per call)"] + guided
+    if patches:
+        lines += ["", "handed-in patches that apply, and of those the ones that break a test that passed before "
+                  "(PASS_TO_PASS): test split (greedy); training, guided / free"] + patches
     return "\n".join(lines)
+
+
+def patch_line(name: str, seed: int, run: VersionDir) -> list[str]:
+    """What the edits a run handed in did to the repository: the vandalism a credit for any applied edit
+    paid for shows as patches that apply and break passing tests. No line for a run that applied none."""
+    def count(rows) -> str:
+        applied = [x for x in rows if (x.hidden or x.visible).get("patch_applied")]
+        return f"{len(applied)} of {len(rows)} applied, {sum(broke_tests(x) for x in applied)} break tests"
+
+    test, train = run.rollouts("test"), run.rollouts("train")
+    if not any((x.hidden or x.visible).get("patch_applied") for x in [*test, *train]):
+        return []
+    steered = [x for x in train if (x.episode or {}).get("guided")]
+    free = [x for x in train if not (x.episode or {}).get("guided")]
+    return [f"  {name} seed {seed}: test {count(test)}; training guided {count(steered)} / free {count(free)}"]
 
 
 def guided_line(name: str, seed: int, rows) -> list[str]:

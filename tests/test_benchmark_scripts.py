@@ -85,6 +85,30 @@ def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
     assert len(kept.read_text().splitlines()) == 2 and len(list(kept.parent.glob("test.rescored-*.jsonl"))) == 1
 
 
+def test_the_swe_report_counts_handed_in_patches_that_break_passing_tests(tmp_path):
+    """The vandalism a credit for any applied edit paid for: patches that apply and fail a PASS_TO_PASS
+    test, counted on the test split and in training, guided apart from free."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from headroom_report import patch_line
+
+    from evotrainer.records.rollout import Rollout
+    from evotrainer.records.version import VersionDir
+
+    def ep(applied, broken, guided=False, split="test"):
+        grade = {"patch_applied": applied, "pass_to_pass": {"t::a": {"passed": not broken}}}
+        return Rollout(task_id="t", messages=[], completion="", prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
+                       tool_calls=[{"name": "submit", "args": {}, "error": None}], split=split,
+                       episode={"guided": guided, "patch": "diff" if applied else ""},
+                       **({"hidden": grade} if split == "test" else {"visible": grade}))
+
+    run = VersionDir(tmp_path / "seed0")
+    assert patch_line("v", 0, run) == []                      # nothing handed in: no line
+    run.save_rollouts("test", [ep(True, True), ep(True, False), ep(False, False)])
+    run.save_rollouts("train", [ep(True, True, guided=True, split="train"), ep(False, False, split="train")])
+    assert patch_line("v", 0, run) == ["  v seed 0: test 2 of 3 applied, 1 break tests; training guided 1 of 1 "
+                                       "applied, 1 break tests / free 0 of 1 applied, 0 break tests"]
+
+
 def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks():
     """Three models on 8 tasks, the first 4 scored by each signal: greedy and sampled agree with the
     greedy difference on the other 4; the answer log-probability ranks them the other way round."""
