@@ -5,6 +5,7 @@ The dirs come from the planted-leak scenario (built once per test process, share
 """
 
 import argparse
+import statistics
 import json
 
 import pytest
@@ -37,6 +38,7 @@ def test_report_of_a_trained_version(dirs):
     dead = sum(len({x.reward for x in g.rollouts}) == 1 for g in groups) / len(groups)
     assert e["dead_group_ratio"] == pytest.approx(dead)
     assert e["truncation_rate"] == pytest.approx(sum(x.truncated for x in train) / len(train))
+    assert e["train_reward_std"] == pytest.approx(statistics.pstdev([x.reward for x in train]))
     tokens = sum(len(x.logprobs) for x in train)
     assert e["mean_logprob"] == pytest.approx(sum(sum(x.logprobs) for x in train) / tokens)
     assert e["leaked_rollouts"] > 0 and e["leak_p_value"] is not None       # the domain was rebuilt

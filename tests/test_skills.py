@@ -210,7 +210,7 @@ def test_a_confirmed_library_change_is_tried_sooner_where_its_skill_fires(tmp_pa
     assert len(skills) == 3 and all(s["entry"] == "pass_rate_curriculum" and s["confirmations"] == 1 for s in skills)
     assert SkillLibrary(tmp_path / "skills.json").matching({"dead_group_ratio": 0.8})[0].intervention["entry"] \
         == "pass_rate_curriculum"   # persisted
-    report = {"metrics": {"dead_group_ratio": 0.8, "truncation_rate": 0.6, "reward_std": 0.05}}
+    report = {"metrics": {"dead_group_ratio": 0.8, "truncation_rate": 0.6, "reward_std": 0.05, "train_reward_std": 0.05}}
     plain, steered = Evidence(health_report=report), Evidence(health_report=report, skills=skills)
 
     op = LibraryOperator(seed=0)

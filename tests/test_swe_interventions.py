@@ -113,6 +113,20 @@ def test_a_plan_whose_progress_earns_nothing_fires_the_progress_credit():
     assert " or train_guided_progress_rate > 0.5" in entries_text([ENTRIES["swe_progress_credit"]])
 
 
+RESHAPERS = {"dapo_dynamic_sampling", "std_group_filter", "dr_grpo_advantages", "pass_rate_curriculum"}
+
+
+def test_entries_that_only_reshape_reward_differences_wait_for_a_reward_that_differs():
+    """The SWE seed's report (every reward 0): filters, advantages and a pass-rate curriculum cannot change a
+    step, so they are not drawn there, and the entries that can create a difference are drawn more often."""
+    op = get_operator("library")
+    found = {a.entry.id for a in op.applicable(SWE, Evidence(health_report=SWE_REPORT))[0]}
+    assert not RESHAPERS & found and {"swe_guided_tool_calls", "swe_call_form_credit"} <= found
+    some = {"metrics": {**SWE_REPORT["metrics"], "train_reward_std": 0.1, "reward_spread": 0.01, "kept_group_ratio": 1.0,
+                        "train_correct_rate": 0.05}}
+    assert RESHAPERS <= {a.entry.id for a in op.applicable(SWE, Evidence(health_report=some))[0]}
+
+
 def _child(entry_id, **params):
     entry = ENTRIES[entry_id]
     return HarnessProgram(entry.apply(SWE, params).source)

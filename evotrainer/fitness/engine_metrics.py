@@ -10,7 +10,7 @@ from typing import Any
 from evotrainer.fitness.cache import CachedVersion
 from evotrainer.fitness.episodes import episode_metrics
 from evotrainer.fitness.leak import leak_stats
-from evotrainer.records.numeric import finite_or_none, is_dead, mean, percentile
+from evotrainer.records.numeric import finite_or_none, is_dead, mean, percentile, pstd
 from evotrainer.records.rollout import Rollout, group_rollouts, last_steps
 from evotrainer.records.scores import correct as outcome
 
@@ -56,6 +56,8 @@ def engine_metrics(v: CachedVersion, window: int = 3) -> dict[str, float | None]
         "train_steps": float(len({r.step for r in train})),
         "train_reward_mean": mean(rewards) if rewards else None,
         "train_reward_mean_last": mean(late_rewards) if late_rewards else None,
+        # 0 when every rollout earned the same reward: nothing for a filter or an advantage to work with
+        "train_reward_std": pstd(rewards) if rewards else None,
         "train_correct_rate": mean([outcome(r) for r in train]) if train else None,
         "train_correct_rate_last": mean([outcome(r) for r in late]) if late else None,
         "dead_group_ratio": mean([is_dead(g) for g in scored]) if scored else None,

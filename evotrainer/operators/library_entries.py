@@ -25,6 +25,10 @@ def when(metric: str, op: str, value: float) -> dict:
 FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
 FEWER_KEPT = ExpectedEffect("kept_group_ratio", "delta<", 0.0)
 FITTER = ExpectedEffect(FITNESS_METRIC, "delta>", 0.0)
+# Filters, advantages and pass-rate curricula reshape the reward's differences; where every rollout earned
+# the same (SWE's seed: nothing resolved, every group dead) they cannot change a step, and drawing one of
+# them only delays an entry that can create a difference (a credit, guidance, a prompt, more samples).
+SOME_REWARD = {"metric": "train_reward_std", "op": ">", "value": 0.0}
 
 # ---- reward ---------------------------------------------------------------------------------------
 FORMAT_CREDIT = '''def reward(rollouts, tasks):
@@ -241,14 +245,14 @@ ENTRIES: tuple[LibraryEntry, ...] = (
         params=(Param("weight", (0.1, 0.2, 0.5)),), single_turn=True),
     LibraryEntry(
         "dapo_dynamic_sampling", "keep_groups: drop dead groups (all rollouts agree)",
-        "hook:keep_groups", (when("dead_group_ratio", ">", 0.3), when("kept_group_ratio", ">", 0.9)),
+        "hook:keep_groups", (when("dead_group_ratio", ">", 0.3), when("kept_group_ratio", ">", 0.9), SOME_REWARD),
         "If groups whose rollouts all agree on {signal} are dropped, every trained group carries an advantage, "
         "because dead groups add zero-gradient tokens that dilute the loss.",
         FEWER_KEPT, "DAPO (Yu et al., 2025): dynamic sampling", template=DYNAMIC_SAMPLING,
         params=(Param("signal", ("reward", "correct")),)),
     LibraryEntry(
         "std_group_filter", "keep_groups: keep only groups whose reward std reaches a threshold",
-        "hook:keep_groups", (when("reward_spread", "<", 0.1), when("kept_group_ratio", ">", 0.9)),
+        "hook:keep_groups", (when("reward_spread", "<", 0.1), when("kept_group_ratio", ">", 0.9), SOME_REWARD),
         "If groups with reward std below {min_std} are dropped, training sees only groups with a clear "
         "ranking, because near-constant shaped rewards give noisy, tiny advantages.",
         FEWER_KEPT, "low-variance group filtering: DAPO's dynamic sampling generalised to shaped rewards",
@@ -263,14 +267,14 @@ ENTRIES: tuple[LibraryEntry, ...] = (
     # (a hook that ignored the knob would leave scale_rewards declared and read by nothing).
     LibraryEntry(
         "dr_grpo_advantages", "advantages: Dr. GRPO (group mean baseline, no std division)",
-        "knob:scale_rewards", (when("train_correct_rate", "<", 0.3),),
+        "knob:scale_rewards", (when("train_correct_rate", "<", 0.3), SOME_REWARD),
         "If scale_rewards goes from {old} to {new} (advantages no longer divided by the group std), held-out "
         "score rises, because groups that are nearly all wrong stop dominating the update.",
         FITTER, "Dr. GRPO (Liu et al., 2025): Understanding R1-Zero-like training",
         move=KnobMove("scale_rewards", to="none")),
     LibraryEntry(
         "pass_rate_curriculum", "select_tasks: train on tasks of intermediate pass rate first",
-        "hook:select_tasks", (when("dead_group_ratio", ">", 0.5),),
+        "hook:select_tasks", (when("dead_group_ratio", ">", 0.5), SOME_REWARD),
         "If tasks with pass rate in [{low}, {high}] are trained first, fewer groups are dead and held-out score "
         "rises, because such tasks give groups with both right and wrong answers.",
         FITTER, "online difficulty filtering (Bae et al., 2025); Kimi k1.5 prioritised sampling",
