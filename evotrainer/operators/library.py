@@ -262,9 +262,8 @@ def seed_skills(entries: Sequence[LibraryEntry] | None = None) -> list[dict[str,
     is one set of conditions, so an entry with an ``or_trigger`` becomes two skills (``...-or``)."""
     out = []
     for e in entries if entries is not None else default_entries():
-        for trigger, suffix in ((e.trigger, ""), (e.or_trigger, "-or")):
-            if trigger or not suffix:
-                out.append(_seed_skill(e, trigger, suffix))
+        for i, trigger in enumerate(e.triggers or ((),)):
+            out.append(_seed_skill(e, trigger, "-or" if i else ""))
     return out
 
 
@@ -289,8 +288,7 @@ def entry_text(entry: LibraryEntry, options: dict[str, list[Any]] | None = None,
     line = f"- {entry.id}: {entry.summary}. params: {params}"
     if not full:
         return line
-    when = " or ".join(" and ".join(f"{c['metric']} {c['op']} {c['value']:g}" for c in t)
-                       for t in (entry.trigger, entry.or_trigger) if t)
+    when = " or ".join(" and ".join(f"{c['metric']} {c['op']} {c['value']:g}" for c in t) for t in entry.triggers)
     return f"{line}. factor: {entry.factor}. expect: {entry.expected_effect}. when: {when}. source: {entry.source}"
 
 

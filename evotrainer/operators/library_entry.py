@@ -72,8 +72,13 @@ class LibraryEntry:
     def target(self) -> str:
         return self.factor.partition(":")[2]
 
+    @property
+    def triggers(self) -> tuple[tuple[dict[str, Any], ...], ...]:
+        """Each set of conditions the entry fires on (its trigger, then its or_trigger when set)."""
+        return tuple(t for t in (self.trigger, self.or_trigger) if t)
+
     def fires(self, metrics: dict[str, Any]) -> bool:
-        return any(bool(t) and all(holds(c, metrics) for c in t) for t in (self.trigger, self.or_trigger))
+        return any(all(holds(c, metrics) for c in t) for t in self.triggers)
 
     # ---- what the entry can do on a parent -----------------------------------------------
     def unavailable(self, parent: HarnessProgram) -> str | None:
