@@ -76,6 +76,7 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_progress_credit": ("swe_progress_credit", {"credit": 0.3}),
     "swe_guided_tool_plan": ("swe_guided_tool_plan", {"value": 0.5}),
     "swe_grounded_calls_prompt": ("swe_grounded_calls_prompt", {}),
+    "swe_guided_token_edits": ("swe_guided_token_edits", {"value": "token"}),
 }
 
 

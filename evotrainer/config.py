@@ -107,6 +107,9 @@ class GRPOSection(_Section):
     guided_plan_share: float | None = Field(None, ge=0, le=1, description=(
         "swe: share of each group's training episodes decoded under the grammar with the tool fixed turn by "
         "turn: read_file, edit (of a line the file holds once), run_tests, submit (held-out never)"))
+    guided_edit: Literal["line", "token"] | None = Field(None, description=(
+        "swe: what a guided edit writes in place of the line it names: line (any one line) or token (the line "
+        "with one operator, comparison or integer changed)"))
 
 
 class TrainConfig(_Section):

@@ -91,7 +91,8 @@ def guided(r: Rollout) -> bool:
 def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | None]:
     """Valid-call rate (of all calls), and the shares of episodes that edited, ran tests, made progress:
     the policy's own, so of the free episodes where there are any; and, when some were guided, the
-    share of the guided ones that made progress (``guided_progress_rate``)."""
+    share of the guided ones that made progress (``guided_progress_rate``) and that handed in a patch
+    breaking a test that passed before (``guided_breaking_rate``: what the guided edits write)."""
     episodes = [r for r in rollouts if is_episode(r)]
     steered = [r for r in episodes if guided(r)]
     eps = [r for r in episodes if not guided(r)] or episodes
@@ -104,6 +105,7 @@ def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | N
            f"{prefix}progress_rate": mean([progress(r) for r in eps])}
     if steered:   # what guidance (a plan) makes happen: progress a reward may or may not pay for
         out[f"{prefix}guided_progress_rate"] = mean([progress(r) for r in steered])
+        out[f"{prefix}guided_breaking_rate"] = mean([broke_tests(r) for r in steered])
     return out
 
 

@@ -126,9 +126,10 @@ def _guided_calls(cfg: Config, engine: str) -> None:
         knobs = seed_program(cfg).knobs
     except (ConfigError, GenomeError, OSError, UnicodeDecodeError):
         return   # the harness check (_harness) says what is wrong with it
+    shares = {}
     for name in ("guided_call_share", "guided_plan_share"):
         given = getattr(cfg.grpo, name)
-        share = given if given is not None else (knobs.get(name) or {}).get("value") or 0.0
+        share = shares[name] = given if given is not None else (knobs.get(name) or {}).get("value") or 0.0
         if not share:
             continue
         if cfg.domain.name != "swe":
@@ -137,6 +138,9 @@ def _guided_calls(cfg: Config, engine: str) -> None:
         if engine == "vllm":
             raise ConfigError(f"field 'grpo.{name}': {share} needs engine: transformers (vLLM's structured "
                               "outputs report the masked distribution's logprobs); set engine: transformers or the share to 0")
+    if cfg.grpo.guided_edit == "token" and not any(shares.values()):   # else it would change nothing, silently
+        raise ConfigError("field 'grpo.guided_edit': token shapes guided edits, and no episode is guided "
+                          "(guided_call_share and guided_plan_share are 0); raise one of them or remove guided_edit")
 
 
 def _harness(cfg: Config, loop: bool, say: Callable[[str], None] | None) -> None:

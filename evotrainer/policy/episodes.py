@@ -85,12 +85,13 @@ class Trajectory:
     def guided(self) -> bool:
         return self.guide is not None
 
-    def grammar(self) -> str | None:
+    def grammar(self, edit: str = "line") -> str | None:
+        """This turn's grammar (None: free); ``edit``: what a guided edit may write (``guided_edit``)."""
         if self.guide is None:
             return None
         turn = len(self.episode.turns)
         tool = TOOL_PLAN[turn] if self.guide == "plan" and turn < len(TOOL_PLAN) else None
-        return self.episode.env.call_grammar(tool)
+        return self.episode.env.call_grammar(tool, edit)
 
     def extend(self, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] = ()) -> tuple[int, int]:
         start = len(self.ids)
@@ -132,7 +133,7 @@ def run_episodes(engine: TokenEngine, episodes: Sequence[Episode], params: Sampl
         for budget, batch in sorted(batches.items()):
             turn_params = replace(params, max_new_tokens=budget, seed=params.seed * 1_000_033 + turn)
             seqs = [t.prompt_ids + t.ids for t in batch]
-            grammars = [t.grammar() for t in batch]
+            grammars = [t.grammar(params.guided_edit) for t in batch]
             completions = (engine.generate_ids(seqs, turn_params, adapter, grammars=grammars) if any(grammars)
                            else engine.generate_ids(seqs, turn_params, adapter))
             for t, c in zip(batch, completions):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from evotrainer.domains.swe.token_edits import EDIT_FORMS
+
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
@@ -40,6 +42,9 @@ class GRPOConfig:
     # ... and the share that also follows the tool plan (read_file, edit, run_tests, submit): the
     # policy still chooses the file, the line an edit replaces, the new text and the tests.
     guided_plan_share: float = 0.0
+    # What a guided edit may write in place of the line it names: "line" any one line; "token" the
+    # line with one operator, comparison or integer changed (domains/swe/token_edits.py).
+    guided_edit: str = "line"
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -47,6 +52,8 @@ class GRPOConfig:
         for name in ("guided_call_share", "guided_plan_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
+        if self.guided_edit not in EDIT_FORMS:
+            raise ValueError(f"guided_edit must be one of {EDIT_FORMS}, got {self.guided_edit!r}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: a group of one has no relative advantage")
 

@@ -35,6 +35,8 @@ class SamplingParams:
     guided_call_share: float = 0.0
     # ... and the share decoded under it with the tool fixed turn by turn (read, edit, test, submit).
     guided_plan_share: float = 0.0
+    # ... and what a guided edit may write: "line" any one line, "token" a one-token change of it.
+    guided_edit: str = "line"
 
 
 @dataclass

@@ -58,7 +58,7 @@ def step_params(cfg: GRPOConfig, seed: int, step: int) -> SamplingParams:
     """How a training step samples: the recipe's temperature, nucleus and length, seeded per step."""
     return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_completion_length,
                           seed=seed * 100_003 + step, guided_call_share=cfg.guided_call_share,
-                          guided_plan_share=cfg.guided_plan_share)
+                          guided_plan_share=cfg.guided_plan_share, guided_edit=cfg.guided_edit)
 
 
 def train_step(policy: Policy, engine: RolloutEngine, trainer: GRPOTrainer, harness: HarnessHooks,

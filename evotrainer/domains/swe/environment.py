@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 from evotrainer.domains.code.executor import CodeExecutor
 from evotrainer.domains.swe.patching import PatchError, clean_path, diff_files
 from evotrainer.domains.swe.runner import collect_tests, run_many, runner_program
+from evotrainer.domains.swe.token_edits import EDIT_FORMS, token_variants
 
 TOOL_RE = re.compile(r"```[ \t]*tool[ \t]*\n(.*?)```", re.S)
 TOOL_DOCS = {
@@ -85,14 +86,18 @@ def unique_lines(text: str) -> list[str]:
     return seen[:MAX_SEARCH_LINES]
 
 
-def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = None) -> str:
+def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = None, edit: str = "line") -> str:
     """The form of one valid tool call, as a grammar (Lark with llguidance's ``%json``): the fenced
     block, a JSON object naming one tool with that tool's arguments, every path one of ``files``
     (the repository's) and every test path one of its test files. What a guided turn is decoded
     under (``policy/guided_decoding.py``): it fixes the form and the choice of file, never what an
     edit says. ``files`` given with their texts: an edit names a source file (never a test) and one
     of that file's :func:`unique_lines` as its search text, so a guided edit always applies.
-    ``tool``: that tool only (a ``plan`` turn); else any."""
+    ``tool``: that tool only (a ``plan`` turn); else any. ``edit``: what the replacement may be, given
+    the texts: ``line`` any one line, ``token`` one of the search line's one-token variants
+    (``token_edits.py``; only lines that have one can be named)."""
+    if edit not in EDIT_FORMS:
+        raise ValueError(f"edit must be one of {EDIT_FORMS}, not {edit!r}")
     paths = sorted(files)
     tests = [p for p in paths if is_test_path(p)] or paths
     # Strings are unbounded (the turn's token budget bounds them): a maxLength makes llguidance's lexer
@@ -101,19 +106,24 @@ def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = No
     path = {"enum": paths} if paths else {"type": "string"}
     text = {"type": "string"}
     line = {"type": "integer", "minimum": 1, "maximum": 9999}
-    edit: list[dict] = [{"path": path, "search": text, "replace": text}]
+    edits: list[dict] = [{"path": path, "search": text, "replace": text}]
     if isinstance(files, Mapping):
         line["maximum"] = max([len(t.splitlines()) for t in files.values()] + [1])
         # one line replaces one line: a guided edit keeps the file's line structure
         one_line = {"type": "string", "pattern": "^[^\\n]*$"}
         sources = [(p, unique_lines(files[p])) for p in paths if not is_test_path(p)]
-        edit = [{"path": {"const": p}, "search": {"enum": lines}, "replace": one_line}
-                for p, lines in sources if lines] or edit
+        if edit == "token":   # one alternative per Python line: its replacement is one of that line's variants
+            forms = [{"path": {"const": p}, "search": {"const": ln}, "replace": {"enum": token_variants(ln)}}
+                     for p, lines in sources if p.endswith(".py") for ln in lines if token_variants(ln)]
+        else:
+            forms = [{"path": {"const": p}, "search": {"enum": lines}, "replace": one_line}
+                     for p, lines in sources if lines]
+        edits = forms or edits
     args = {
         "list_files": [({}, [])],
         "read_file": [({"path": path, "start": line, "end": line}, ["path"])],
         "search": [({"pattern": text, "path": path}, ["pattern"])],
-        "edit": [(props, ["path", "search", "replace"]) for props in edit],
+        "edit": [(props, ["path", "search", "replace"]) for props in edits],
         "run_tests": [({"tests": {"type": "array", "items": {"enum": tests}, "maxItems": 4}}, [])],
         "view_diff": [({}, [])], "git_log": [({}, [])], "submit": [({}, [])],
     }
@@ -162,9 +172,10 @@ class SWEEnvironment:
             self._executor.close()
             self._executor = None
 
-    def call_grammar(self, tool: str | None = None) -> str:
-        """:func:`call_grammar` over this repository's files as they are now (``tool``: that tool only)."""
-        return call_grammar(self.files, tool)
+    def call_grammar(self, tool: str | None = None, edit: str = "line") -> str:
+        """:func:`call_grammar` over this repository's files as they are now (``tool``: that tool only;
+        ``edit``: the form of an edit's replacement)."""
+        return call_grammar(self.files, tool, edit)
 
     def diff(self) -> str:
         return diff_files(self.base, self.files)
