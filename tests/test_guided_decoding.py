@@ -11,6 +11,7 @@ import torch
 from evotrainer.domains.swe.environment import call_grammar, parse_call, tool_prompt
 from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.episodes import guided_members
+from evotrainer.policy.grpo_config import GRPOConfig
 from evotrainer.policy.guided_decoding import GuidedRows, compile_grammar
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
@@ -164,6 +165,24 @@ def test_with_the_files_texts_a_guided_edit_names_a_line_its_file_holds_once(pol
         call_grammar(SOURCES, "rm")
 
 
+def test_a_token_edit_grammar_allows_only_one_token_changes_of_a_python_line(policy):
+    """``edit="token"``: the replacement is one of the named line's variants (token_edits.py); a free
+    replacement, a line with nothing to change and a file that is not Python are refused."""
+    files = {**SOURCES, "README.md": "# pkg\nx + 1 tests\n"}
+    grammar = call_grammar(files, "edit", edit="token")
+    assert _accepts(policy, grammar, _call("edit", path="pkg/mod.py", search="    return x + 1", replace="    return x - 1"))
+    assert _accepts(policy, grammar, _call("edit", path="pkg/mod.py", search="    return x + 1", replace="    return x + 2"))
+    for bad in (_call("edit", path="pkg/mod.py", search="    return x + 1", replace="    ..."),      # free text
+                _call("edit", path="pkg/mod.py", search="    return x + 1", replace="    return x + 1"),  # no change
+                _call("edit", path="pkg/mod.py", search="def f(x):", replace="def f(y):"),          # nothing to change
+                _call("edit", path="README.md", search="x + 1 tests", replace="x - 1 tests")):     # not Python
+        assert not _accepts(policy, grammar, bad), bad
+    assert _accepts(policy, call_grammar(files, "edit"), _call("edit", path="pkg/mod.py", search="def f(x):",
+                                                               replace="    ..."))   # "line" (the default) allows it
+    with pytest.raises(ValueError, match="edit must be one of"):
+        call_grammar(files, "edit", edit="word")
+
+
 @pytest.mark.parametrize("decoder", ["kv", "generate"])
 def test_a_plan_turn_decodes_the_tool_it_fixes(policy, decoder):
     engine = TransformersEngine(policy, decoder=decoder)
@@ -235,6 +254,28 @@ def test_plan_episodes_read_edit_test_and_submit_in_turn(tiny):
                 assert not any(names)
 
 
+def test_plan_episodes_under_token_edits_change_one_token_and_keep_the_module_importable(tiny):
+    """``guided_edit: token`` reaches the episodes: every guided edit writes a variant of the line it
+    names, so its patch applies and the module still imports (no test errors on import)."""
+    from evotrainer.domains.swe.environment import EnvLimits
+    from evotrainer.domains.swe.token_edits import token_variants
+    from evotrainer.policy.collect import collect_groups
+
+    limits = EnvLimits(max_turns=4, max_turn_tokens=160, max_context_tokens=8000)
+    with _swe_domain(tiny, limits, timeout_s=5.0) as (engine, domain):
+        params = SamplingParams(max_new_tokens=160, seed=3, guided_plan_share=0.5, guided_edit="token")
+        rollouts = collect_groups(engine, domain, domain.tasks("train"), 2, params, "g0", step=0)
+        plans = [r for r in rollouts if r.episode["guide"] == "plan"]
+        assert len(plans) == 2
+        for r in plans:
+            (edit,) = [c for c in r.tool_calls if c.get("name") == "edit"]
+            assert edit["error"] is None and edit["args"]["replace"] in token_variants(edit["args"]["search"])
+            assert r.visible["patch_applied"]
+            task = next(t for t in domain.tasks("train") if t.id == r.task_id)
+            source = task.visible["files"][edit["args"]["path"]]
+            compile(source.replace(edit["args"]["search"], edit["args"]["replace"]), edit["args"]["path"], "exec")
+
+
 def test_the_swe_library_answers_malformed_calls_with_guidance_and_the_report_reads_free_episodes():
     from evotrainer.genome.edits import factors_changed
     from evotrainer.genome.harness import Harness
@@ -301,3 +342,9 @@ def test_the_config_check_refuses_guidance_where_it_cannot_run():
     assert any("guided_plan_share" in p and "swe" in p for p in config_problems(plan, loop=False))
     plan_vllm = parse_config({**swe, "grpo": {"guided_plan_share": 0.5}, "engine": "vllm"})
     assert any("guided_plan_share" in p and "engine: transformers" in p for p in config_problems(plan_vllm, loop=False))
+    token = parse_config({**swe, "grpo": {"guided_edit": "token"}})   # shapes guided edits, and none is guided
+    assert any("guided_edit" in p and "guided_plan_share" in p for p in config_problems(token, loop=False))
+    token = parse_config({**swe, "grpo": {"guided_edit": "token", "guided_plan_share": 0.5}})
+    assert not any("guided_edit" in p for p in config_problems(token, loop=False))
+    with pytest.raises(ValueError, match="guided_edit must be one of"):
+        GRPOConfig(guided_edit="word")

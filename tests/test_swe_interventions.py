@@ -293,3 +293,27 @@ def test_engine_episode_metrics():
     ran = turn("```tool\n...\n```", name="run_tests", error=None)
     m = episode_metrics([episode([refused]), episode([ran])], "heldout_")
     assert m["heldout_test_run_rate"] == 0.5 and m["heldout_progress_rate"] == 0.5
+
+
+def test_guided_patches_that_break_tests_fire_the_one_token_edit():
+    """What the grounded plan runs' guided edits did (headroom_swe_grounded_kept6: 41 of 41 applied ones
+    broke a passing test): the engine metric says so, and the library answers with ``guided_edit: token``."""
+    def guided(broken):
+        r = episode([ACCEPTED, EDIT], submitted=True)
+        r.episode = {**r.episode, "guided": True}
+        r.visible = {**r.visible, "patch_applied": True, "pass_to_pass": {"t0": {"passed": not broken}}}
+        return r
+    m = episode_metrics([guided(True), guided(True), guided(False), episode([PROSE])], "train_")
+    assert m["train_guided_breaking_rate"] == pytest.approx(2 / 3)
+    assert "train_guided_breaking_rate" not in episode_metrics([episode([PROSE])], "train_")
+    op = get_operator("library")
+    breaking = {"metrics": {**PLAN_REPORT["metrics"], "train_guided_breaking_rate": 0.9}}
+    found, skipped = op.applicable(SWE, Evidence(health_report=breaking))
+    hit = [a for a in found if a.entry.id == "swe_guided_token_edits"]
+    assert hit, skipped
+    iv = propose_entry("library", SWE, hit[0].entry, {"value": "token"}, Evidence(health_report=breaking))
+    child = HarnessProgram(iv.child_source)
+    assert factors_changed(SWE, child) == ["knob:guided_edit"] and child.knobs["guided_edit"]["value"] == "token"
+    kept = {"metrics": {**PLAN_REPORT["metrics"], "train_guided_breaking_rate": 0.2}}
+    assert "swe_guided_token_edits" not in {a.entry.id for a in op.applicable(SWE, Evidence(health_report=kept))[0]}
+    assert "swe_guided_token_edits" not in {a.entry.id for a in op.applicable(SWE, Evidence(health_report=SWE_REPORT))[0]}
