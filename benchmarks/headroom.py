@@ -77,6 +77,9 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_guided_tool_plan": ("swe_guided_tool_plan", {"value": 0.5}),
     "swe_grounded_calls_prompt": ("swe_grounded_calls_prompt", {}),
     "swe_guided_token_edits": ("swe_guided_token_edits", {"value": "token"}),
+    # groups of 4 (the SWE example's 2, x2): with a plan share of 0.5, two guided members a group, so
+    # guided edits are compared with each other and not only with a free member
+    "swe_more_generations": ("more_generations", {"value": 4}),
 }
 
 
