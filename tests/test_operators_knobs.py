@@ -73,6 +73,21 @@ def test_clip_knobs_are_never_tuned_while_training_is_on_policy():
     assert clip & {op.propose([knobbed], Evidence()).details["knob"] for _ in range(30)}
 
 
+def test_guided_edit_is_inert_until_some_episode_is_guided():
+    """``guided_edit`` shapes guided edits only: on the SWE seed (no guided share) a child moving it
+    would train as its control, so the knobs operator leaves it out; on a plan child it is a move."""
+    from evotrainer.loop.seed import DOMAIN_HARNESSES
+    from evotrainer.operators.knobs import inert_knobs
+
+    swe = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
+    assert "guided_edit" in inert_knobs({n: k["value"] for n, k in swe.knobs.items()})
+    op = KnobOperator(seed=0, fixed={"num_iterations": 1})
+    assert "guided_edit" not in {op.propose([swe], Evidence()).details["knob"] for _ in range(40)}
+    plan = HarnessProgram(swe.source.replace('"guided_plan_share": {"value": 0.0', '"guided_plan_share": {"value": 0.5'))
+    assert "guided_edit" not in inert_knobs({n: k["value"] for n, k in plan.knobs.items()})
+    assert "guided_edit" in KnobOperator(seed=0)._candidates(plan.knobs)
+
+
 def test_restricted_knobs_and_alert_preference():
     parent = reference()
     op = KnobOperator(seed=0, knobs=["temperature"])

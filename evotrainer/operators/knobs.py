@@ -62,10 +62,14 @@ def inert_knobs(values: dict[str, Any]) -> set[str]:
     """Knobs that cannot change training under the other settings' values. With one optimisation
     pass per batch (``num_iterations`` 1, the default) training is on-policy: the importance ratio is
     1 at every token, so the PPO clip (``epsilon``, ``epsilon_high``) and the two-sided clip
-    (``delta``) never bind, and a child changing one of them repeats its control's training exactly."""
+    (``delta``) never bind, and a child changing one of them repeats its control's training exactly.
+    ``guided_edit`` shapes guided edits only: with no episode guided, it changes nothing."""
+    inert = set()
     if (values.get("num_iterations") or 1) == 1:
-        return {"epsilon", "epsilon_high", "delta"}
-    return set()
+        inert |= {"epsilon", "epsilon_high", "delta"}
+    if not (values.get("guided_call_share") or values.get("guided_plan_share")):
+        inert.add("guided_edit")
+    return inert
 
 
 class KnobOperator:
