@@ -43,7 +43,7 @@ from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.seed import seed_program
 from evotrainer.operators.library import default_entries
 
-from headroom_report import SAMPLED_K, SAMPLED_TASKS, episode_scores, fires, report, signals  # noqa: E402
+from headroom_report import SAMPLED_K, SAMPLED_TASKS, episode_scores, fires, report, signals, versus  # noqa: E402
 
 # name -> (library entry, its parameters): one representative setting per entry, the middle of its
 # allowed values where it has several. Knob moves are relative to the seed's (the config's) values.
@@ -240,6 +240,8 @@ def main(argv=None) -> None:
     ap.add_argument("--init-adapter", default=None, help="start every run from this LoRA adapter (a version's "
                     "adapter/ folder) instead of the base model")
     ap.add_argument("--report", action="store_true", help="print the table from --json and stop")
+    ap.add_argument("--versus", default=None, help="with --report: another headroom JSON (one variant, the same start "
+                    "and test split) whose runs stand in for the reference, paired over (task, seed)")
     ap.add_argument("--fires", action="store_true", help="print which library entries the reference runs' health "
                     "reports trigger, and stop")
     ap.add_argument("--signals", action="store_true", help="print which gate signal agrees with the test split, and stop")
@@ -250,6 +252,11 @@ def main(argv=None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.exists() else {"runs": []}
     if args.report or args.signals or args.fires:
+        if args.versus:
+            try:
+                data = versus(data, json.loads(Path(args.versus).read_text()))
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"--versus {args.versus}: {e}") from None
         print(report(data) if args.report else signals(data) if args.signals else fires(data))
         return
     cfg = load_config(args.config)

@@ -16,21 +16,60 @@ from evotrainer.records.version import VersionDir
 
 SAMPLED_TASKS, SAMPLED_K = 48, 4   # the held-out size a run affords, k answers each at the training temperature
 # What an episode did, per test task (fitness/episodes.py): the figures a SWE comparison reports.
-EPISODE_RATES = ("resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress")
+EPISODE_RATES = ("resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress", "broke_tests")
 
 
 def episode_scores(rollouts) -> dict[str, dict[str, float]]:
     """Per test task (greedy, one episode each): resolved, the share of its calls the environment
     accepted, the share of its working calls (all but submit) accepted, what the gate breaks a tie at
-    nothing resolved with, whether it edited a file, ran the tests, made any of that progress."""
+    nothing resolved with, whether it edited a file, ran the tests, made any of that progress, handed in
+    a patch that breaks a test that passed before it."""
     out: dict[str, dict[str, float]] = {k: {} for k in EPISODE_RATES}
     for r in rollouts:
         calls = len(episode_calls(r))
         for k, v in (("resolved", resolved(r)), ("valid_call_rate", valid_calls(r) / calls if calls else 0.0),
                      ("working_calls", working_call_share(r)),
-                     ("edited", edited(r)), ("ran_tests", ran_tests(r)), ("progress", progress(r))):
+                     ("edited", edited(r)), ("ran_tests", ran_tests(r)), ("progress", progress(r)),
+                     ("broke_tests", broke_tests(r))):
             out[k][r.task_id] = float(v)
     return out
+
+
+def run_dir(data: dict, r: dict) -> Path:
+    """Where a run's adapter and rollouts are: its own ``dir`` (a run merged in by :func:`versus`), else
+    ``<out>/<variant>/seed<k>``."""
+    return Path(r.get("dir") or Path(data.get("out") or "runs/headroom_swe") / r["variant"] / f"seed{r['seed']}")
+
+
+def versus(data: dict, other: dict) -> dict:
+    """``data`` with ``other``'s runs as its reference (``headroom.py --report --versus``): two benchmark
+    files that started from the same adapter, with the same seeds and test issues, compared paired. Each
+    merged run keeps its directory; ``data``'s own reference runs, if any, are left out."""
+    if data.get("init_adapter") != other.get("init_adapter") or data.get("n_test") != other.get("n_test"):
+        raise ValueError("--versus needs runs from the same start (init adapter) and the same test split size: "
+                         f"{data.get('init_adapter')} / {data.get('n_test')} vs {other.get('init_adapter')} / "
+                         f"{other.get('n_test')}")
+    names = {r["variant"] for r in other["runs"]}
+    if len(names) != 1:
+        raise ValueError(f"--versus takes a file with one variant, not {sorted(names)}")
+    own = [r for r in data["runs"] if r["variant"] != "reference"]
+    merged = [{**r, "variant": "reference", "dir": str(run_dir(other, r))} for r in other["runs"]]
+    return {**data, "runs": own + merged, "versus": names.pop()}
+
+
+def backfill(data: dict) -> None:
+    """Rates added after a run was scored, read from its stored test episodes (no compute); a run
+    whose directory is gone keeps what it has, and the report leaves that rate out."""
+    for r in data["runs"]:
+        scores = r.get("episode_scores")
+        if scores is None or set(EPISODE_RATES) <= set(scores):
+            continue
+        run = VersionDir(run_dir(data, r))
+        test = run.rollouts("test") if (run.path / "rollouts" / "test.jsonl").is_file() else []
+        if test:
+            fresh = episode_scores(test)
+            for k in EPISODE_RATES:
+                scores.setdefault(k, fresh[k])
 
 
 def _pairs(runs: list[dict]) -> dict[str, float]:
@@ -43,7 +82,9 @@ def report(data: dict, level: float = 0.9) -> str:
     for r in runs:
         by_variant.setdefault(r["variant"], []).append(r)
     ref = {r["seed"]: r for r in by_variant.get("reference", [])}
-    lines = [f"headroom on {data['domain']}: {data['steps']} training steps per run, test split of "
+    if any("episode_scores" in r for r in runs):
+        backfill(data)
+    lines = ([f"reference: the runs of {data['versus']} (--versus)"] if data.get("versus") else []) + [f"headroom on {data['domain']}: {data['steps']} training steps per run, test split of "
              f"{data.get('n_test', '?')} tasks (greedy), paired with reference over (task, seed); "
              f"untrained model {data['base']['test_accuracy']:.3f}" if data.get("base") else ""]
     head = f"{'variant':<42} {'seeds':>5} {'test mean ± sd':>15} {'Δ vs reference [' + f'{level:.0%}' + ' CI]':>32} " \
@@ -94,14 +135,13 @@ def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
     train rollouts, first two steps vs last two): the share of turns with a fenced block, with the
     ```tool fence, and the calls the environment could parse (a named tool). Free episodes only: a guided
     one (``guided_call_share``) is well-formed by construction."""
-    out = Path(data.get("out") or "runs/headroom_swe")
     lines = ["training episodes' call form, first two steps -> last two (share of turns fenced / with the ```tool "
              "fence; named calls)"]
     guided: list[str] = []
     patches: list[str] = []
     for name, rs in by_variant.items():
         for r in sorted(rs, key=lambda r: r["seed"]):
-            run = VersionDir(out / name / f"seed{r['seed']}")
+            run = VersionDir(run_dir(data, r))
             every = run.rollouts("train")
             guided += guided_line(name, r["seed"], every)
             patches += patch_line(name, r["seed"], run)
@@ -195,10 +235,10 @@ def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int,
 
     base = (data.get("base") or {}).get("episode_scores")
     rows = [r for rs in by_variant.values() for r in rs] + list(ref.values())
-    known = {k for k in EPISODE_RATES if all(k in r["episode_scores"] for r in rows) and (not base or k in base)}
+    known = {k for k in EPISODE_RATES if all(k in r["episode_scores"] for r in rows)}
     lines = ["episode rates on the test split (greedy; per episode: resolved, share of calls accepted, edited, "
-             "ran tests, any progress), paired with reference over (task, seed)"
-             + ("; untrained: " + ", ".join(f"{k} {statistics.fmean(base[k].values()):.3f}" for k in EPISODE_RATES if k in known)
+             "ran tests, any progress, a patch breaking a passing test), paired with reference over (task, seed)"
+             + ("; untrained: " + ", ".join(f"{k} {statistics.fmean(base[k].values()):.3f}" for k in EPISODE_RATES if k in known and k in base)
                 if base else "")]
     for name, rs in by_variant.items():
         cells = []

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,7 +70,8 @@ def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
     out = _run(args, tmp_path)
     data = json.loads((tmp_path / "h.json").read_text())
     for r in data["runs"]:
-        assert set(r["episode_scores"]) == {"resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress"}
+        assert set(r["episode_scores"]) == {"resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress",
+                                            "broke_tests"}
         assert all(len(v) == 2 for v in r["episode_scores"].values())
     assert "episode rates on the test split" in out and "swe_call_form_credit (1 seed(s)): resolved" in out
     assert "swe_call_form_credit seed 0:" in out and "->" in out   # the form ladder, read from the run dirs
@@ -107,6 +110,39 @@ def test_the_swe_report_counts_handed_in_patches_that_break_passing_tests(tmp_pa
     run.save_rollouts("train", [ep(True, True, guided=True, split="train"), ep(False, False, split="train")])
     assert patch_line("v", 0, run) == ["  v seed 0: test 2 of 3 applied, 1 break tests; training guided 1 of 1 "
                                        "applied, 1 break tests / free 0 of 1 applied, 0 break tests"]
+
+
+def test_a_report_versus_another_file_pairs_its_runs_and_reads_a_missing_rate_from_their_test_episodes(tmp_path):
+    """``--report --versus``: another file's runs (same start, same test split) stand in for the reference,
+    each read from its own directory; a rate added after they were scored (``broke_tests``) is read from
+    their stored test episodes, not left out."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from headroom_report import report, versus
+
+    from evotrainer.records.rollout import Rollout
+    from evotrainer.records.version import VersionDir
+
+    def ep(task, broken):
+        grade = {"patch_applied": True, "pass_to_pass": {"t::a": {"passed": not broken}}}
+        return Rollout(task_id=task, messages=[], completion="", prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
+                       tool_calls=[{"name": "submit", "args": {}, "error": None}], split="test",
+                       episode={"patch": "diff"}, hidden=grade)
+
+    def data(out, variant, broken):
+        VersionDir(tmp_path / out / variant / "seed0").save_rollouts("test", [ep("a", broken), ep("b", broken)])
+        scores = {k: {"a": 0.0, "b": 0.0} for k in ("resolved", "valid_call_rate", "working_calls", "edited",
+                                                       "ran_tests", "progress")}   # scored before broke_tests existed
+        run = {"variant": variant, "seed": 0, "test_accuracy": 0.0, "test_scores": {"a": 0.0, "b": 0.0},
+               "episode_scores": scores, "skipped_steps": 0, "truncation_last8": 0.0}
+        return {"domain": "swe", "steps": 1, "n_test": 2, "init_adapter": "x", "out": str(tmp_path / out), "runs": [run]}
+
+    old, new = data("old", "vandal", broken=True), data("new", "token", broken=False)
+    text = report(versus(new, old))
+    assert "reference: the runs of vandal (--versus)" in text
+    assert "token (1 seed(s)): " in text and "broke_tests 0.000 (-1.000 [-1.000, -1.000])" in text
+    assert "reference (1 seed(s)): " in text and "broke_tests 1.000" in text
+    with pytest.raises(ValueError, match="same start"):
+        versus(new, {**old, "init_adapter": "y"})
 
 
 def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks():
