@@ -84,7 +84,8 @@ def report(data: dict, level: float = 0.9) -> str:
     ref = {r["seed"]: r for r in by_variant.get("reference", [])}
     if any("episode_scores" in r for r in runs):
         backfill(data)
-    lines = ([f"reference: the runs of {data['versus']} (--versus)"] if data.get("versus") else []) + [f"headroom on {data['domain']}: {data['steps']} training steps per run, test split of "
+    lines = [f"reference: the runs of {data['versus']} (--versus)"] if data.get("versus") else []
+    lines += [f"headroom on {data['domain']}: {data['steps']} training steps per run, test split of "
              f"{data.get('n_test', '?')} tasks (greedy), paired with reference over (task, seed); "
              f"untrained model {data['base']['test_accuracy']:.3f}" if data.get("base") else ""]
     head = f"{'variant':<42} {'seeds':>5} {'test mean ± sd':>15} {'Δ vs reference [' + f'{level:.0%}' + ' CI]':>32} " \
@@ -236,10 +237,11 @@ def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int,
     base = (data.get("base") or {}).get("episode_scores")
     rows = [r for rs in by_variant.values() for r in rs] + list(ref.values())
     known = {k for k in EPISODE_RATES if all(k in r["episode_scores"] for r in rows)}
+    untrained = [f"{k} {statistics.fmean(base[k].values()):.3f}" for k in EPISODE_RATES if k in known and k in base] \
+        if base else []
     lines = ["episode rates on the test split (greedy; per episode: resolved, share of calls accepted, edited, "
              "ran tests, any progress, a patch breaking a passing test), paired with reference over (task, seed)"
-             + ("; untrained: " + ", ".join(f"{k} {statistics.fmean(base[k].values()):.3f}" for k in EPISODE_RATES if k in known and k in base)
-                if base else "")]
+             + ("; untrained: " + ", ".join(untrained) if untrained else "")]
     for name, rs in by_variant.items():
         cells = []
         for k in EPISODE_RATES:
