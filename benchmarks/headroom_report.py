@@ -57,6 +57,12 @@ def versus(data: dict, other: dict) -> dict:
     return {**data, "runs": own + merged, "versus": names.pop()}
 
 
+def test_rollouts(run: VersionDir) -> list:
+    """A run's test episodes as last scored: the newest ``--rescore`` file, else the first scoring's."""
+    rescored = sorted((run.path / "rollouts").glob("test.rescored-*.jsonl"))
+    return run.rollouts(rescored[-1].name[: -len(".jsonl")] if rescored else "test")
+
+
 def backfill(data: dict) -> None:
     """Rates added after a run was scored, read from its stored test episodes (no compute); a run
     whose directory is gone keeps what it has, and the report leaves that rate out."""
@@ -64,8 +70,7 @@ def backfill(data: dict) -> None:
         scores = r.get("episode_scores")
         if scores is None or set(EPISODE_RATES) <= set(scores):
             continue
-        run = VersionDir(run_dir(data, r))
-        test = run.rollouts("test") if (run.path / "rollouts" / "test.jsonl").is_file() else []
+        test = test_rollouts(VersionDir(run_dir(data, r)))
         if test:
             fresh = episode_scores(test)
             for k in EPISODE_RATES:
@@ -175,7 +180,7 @@ def patch_line(name: str, seed: int, run: VersionDir) -> list[str]:
         applied = [x for x in rows if (x.hidden or x.visible).get("patch_applied")]
         return f"{len(applied)} of {len(rows)} applied, {sum(broke_tests(x) for x in applied)} break tests"
 
-    test, train = run.rollouts("test"), run.rollouts("train")
+    test, train = test_rollouts(run), run.rollouts("train")
     if not any((x.hidden or x.visible).get("patch_applied") for x in [*test, *train]):
         return []
     steered = [x for x in train if (x.episode or {}).get("guided")]

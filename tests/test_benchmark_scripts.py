@@ -110,6 +110,8 @@ def test_the_swe_report_counts_handed_in_patches_that_break_passing_tests(tmp_pa
     run.save_rollouts("train", [ep(True, True, guided=True, split="train"), ep(False, False, split="train")])
     assert patch_line("v", 0, run) == ["  v seed 0: test 2 of 3 applied, 1 break tests; training guided 1 of 1 "
                                        "applied, 1 break tests / free 0 of 1 applied, 0 break tests"]
+    run.save_rollouts("test.rescored-20261204-050000", [ep(True, False)])   # scored again: the newest scoring counts
+    assert patch_line("v", 0, run)[0].startswith("  v seed 0: test 1 of 1 applied, 0 break tests;")
 
 
 def test_a_report_versus_another_file_pairs_its_runs_and_reads_a_missing_rate_from_their_test_episodes(tmp_path):

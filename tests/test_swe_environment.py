@@ -82,6 +82,7 @@ def test_edit_view_diff_run_tests_and_submit(domain, task):
     (call("edit", path="README.md", search="not there", replace="x"), "search text not found"),
     (call("edit", path="README.md", search="", replace="x"), "README.md exists"),
     (call("edit", path="README.md", search="e", replace="x"), "found"),
+    (call("edit", path="README.md", search="# ", replace="# "), "changes nothing"),   # a no-op is no edit
     (call("run_tests", tests=["tests/none.py"]), "no tests match"),
     (call("run_tests", tests=7), "tests must be a list"),
 ])

@@ -92,7 +92,8 @@ def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = No
     (the repository's) and every test path one of its test files. What a guided turn is decoded
     under (``policy/guided_decoding.py``): it fixes the form and the choice of file, never what an
     edit says. ``files`` given with their texts: an edit names a source file (never a test) and one
-    of that file's :func:`unique_lines` as its search text, so a guided edit always applies.
+    of that file's :func:`unique_lines` as its search text, so a guided edit applies (unless its
+    replacement is the line itself: the environment refuses an edit that changes nothing).
     ``tool``: that tool only (a ``plan`` turn); else any. ``edit``: what the replacement may be, given
     the texts: ``line`` any one line, ``token`` one of the search line's one-token variants
     (``token_edits.py``; only lines that have one can be named)."""
@@ -259,6 +260,8 @@ class SWEEnvironment:
             if count != 1:
                 raise ToolError(f"search text found {count} times in {clean}; it must occur exactly once "
                                 "(add surrounding lines)" if count else f"search text not found in {clean}")
+            if replace == search:   # accepted, it would count as an edit and change nothing (a 135M policy's habit)
+                raise ToolError("replace is the same as search: the edit changes nothing; write the corrected text")
             new = self.files[clean].replace(search, replace, 1)
         if len(new) > self.limits.max_file_chars:
             raise ToolError(f"the edit would make {clean} longer than {self.limits.max_file_chars} characters")
