@@ -114,8 +114,8 @@ def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = No
         one_line = {"type": "string", "pattern": "^[^\\n]*$"}
         sources = [(p, unique_lines(files[p])) for p in paths if not is_test_path(p)]
         if edit == "token":   # one alternative per Python line: its replacement is one of that line's variants
-            forms = [{"path": {"const": p}, "search": {"const": ln}, "replace": {"enum": token_variants(ln)}}
-                     for p, lines in sources if p.endswith(".py") for ln in lines if token_variants(ln)]
+            forms = [{"path": {"const": p}, "search": {"const": ln}, "replace": {"enum": variants}}
+                     for p, lines in sources if p.endswith(".py") for ln in lines if (variants := token_variants(ln))]
         else:
             forms = [{"path": {"const": p}, "search": {"enum": lines}, "replace": one_line}
                      for p, lines in sources if lines]

@@ -2,9 +2,8 @@
 
 A guided edit (``environment.call_grammar``) fixes the call's form and that it names a line the file
 holds once; the replacement line is the policy's own. A 135M policy fills it with ``...``, ``!`` or
-prose, so every guided edit it makes breaks the module it touches (``benchmarks/results/
-headroom_swe_grounded_kept6*``): the credit for an edit that keeps the tests never pays, and the
-trajectory is reinforced with the vandal edit in it. Under ``token`` the replacement is instead one
+prose, so its guided edits break the module they touch: a credit for an edit that keeps the tests
+never pays, and the trajectory is reinforced with the vandal edit in it. Under ``token`` the replacement is instead one
 of this module's variants of the named line: the line with one arithmetic operator swapped for
 another, one comparison for another, or one integer literal moved by one. The policy still chooses
 the file, the line and the variant; the module stays importable, so whether the edit keeps the tests
