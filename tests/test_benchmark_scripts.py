@@ -217,7 +217,8 @@ def test_compare_modes_on_swe_pairs_what_each_pick_s_test_episodes_did(tmp_path)
     stored = json.loads((tmp_path / "c.json").read_text())
     for name in ("reference@total", "evolve@total"):
         (row,) = stored["results"][name]
-        assert set(row["episode_scores"]) == {"resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress"}
+        assert set(row["episode_scores"]) == {"resolved", "valid_call_rate", "working_calls", "edited", "ran_tests", "progress",
+                                              "broke_tests"}
         assert sorted(row["episode_scores"]["resolved"]) == sorted(row["test_scores"])   # one per test task
     assert "episode rates on the test split" in out and "untrained: resolved" in out
     assert "evolve (1 seed(s)): resolved" in out and "[" in out.split("evolve (1 seed(s)): resolved")[1]

@@ -51,8 +51,8 @@ def test_the_library_covers_the_known_interventions():
         # (measured after training); its credit is its score on labelled history (the backtest).
         guarded = ("train_heldout_gap",) if target == "validity" else ()
         # An episode entry may claim the call-form rate the SWE harness measures on the child's rollouts,
-        # or the progress rate the engine measures on them (both judged after training).
-        episodes = ("malformed_call_rate", "train_progress_rate") if e.episodes_only else ()
+        # or the progress or guided-breaking rate the engine measures on them (all judged after training).
+        episodes = ("malformed_call_rate", "train_progress_rate", "train_guided_breaking_rate") if e.episodes_only else ()
         assert e.expected_effect.metric in REPLAYED + (FITNESS_METRIC,) + guarded + episodes
         if kind == "hook":
             assert target in HOOK_PARAMS or target == e.requires_hook
