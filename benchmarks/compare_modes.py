@@ -50,7 +50,7 @@ from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.start import START
 from evotrainer.records.version import VersionDir
 
-from compare_modes_report import mean_score, print_protocol, report_children   # benchmarks/: the script's folder
+from compare_modes_report import library_draws, mean_score, print_protocol, report_children   # benchmarks/: the script's folder
 from headroom_report import EPISODE_RATES, episode_scores
 
 MODES = ("reference", "evolve", "random-library")
@@ -197,7 +197,14 @@ def main() -> None:
                     "instead (e.g. evolve-exploit with --set evolution.exploit_share=0.5), beside stored ones")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every run, e.g. train.carry_optimizer=true (YAML value)")
+    ap.add_argument("--draws", action="store_true", help="print, from --json and the kept run dirs, the library "
+                    "entries each explored parent's health report fired and their share of the draw, then stop")
     args = ap.parse_args()
+    if args.draws:
+        if not args.json or not Path(args.json).exists():
+            raise SystemExit("--draws reads a results file: give --json RESULTS.json of an earlier run")
+        print(library_draws(json.loads(Path(args.json).read_text())["results"], args.out or "runs"))
+        return
     if args.label and "," in args.modes:
         raise SystemExit("--label names one mode's results: give one --modes")
     root = Path(args.out or tempfile.mkdtemp(prefix="compare-modes-"))

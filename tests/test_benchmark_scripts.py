@@ -234,3 +234,30 @@ def test_compare_modes_on_swe_pairs_what_each_pick_s_test_episodes_did(tmp_path)
     assert "evolve (1 seed(s)): resolved" in again and "working_calls" in again.split("evolve (1 seed(s))")[1]
     refilled = json.loads((tmp_path / "c.json").read_text())
     assert all("working_calls" in row["episode_scores"] for rows in refilled["results"].values() for row in rows)
+
+
+def test_compare_modes_draws_reads_each_explored_parent_s_report(tmp_path):
+    """--draws: the entries a parent's real health report (a SWE seed's: every call malformed, groups dead)
+    fires, their share of the library's draw, and the children proposed from it."""
+    from evotrainer.loop.seed import REFERENCE_PATH
+
+    parent = tmp_path / "runs" / "evolve-total-s0" / "versions" / "v0000"
+    parent.mkdir(parents=True)
+    (parent / "genome.py").write_text(REFERENCE_PATH.with_name("reference_swe_harness.py").read_text())
+    (parent / "health.json").write_text((ROOT / "tests" / "fixtures" / "health_report_swe_seed.json").read_text())
+    child = {"id": "v0002", "parents": ["v0000"], "operator": "library", "entry": "swe_guided_tool_plan",
+             "factor": "knob:guided_plan_share", "knob": None, "new": None}
+    rows = {"evolve@total": [{"seed": 0, "children": [child]}],
+            "evolve@depth": [{"seed": 0, "children": [{**child, "parents": ["v0009"]}]}]}
+    (tmp_path / "c.json").write_text(json.dumps({"args": {}, "results": rows}))
+    out = _run([str(ROOT / "benchmarks" / "compare_modes.py"), "--draws", "--json", "c.json", "--out", "runs"], tmp_path)
+    (line,) = [s for s in out.splitlines() if s.startswith("  evolve@total seed 0 v0000:")]
+    shares = dict(item.rsplit(" ", 1) for item in line.split("fires ")[1].split("; proposed")[0].split(", "))
+    assert "swe_guided_tool_plan" in shares and "swe_call_form_credit" in shares
+    assert "swe_progress_credit" not in shares          # nothing to pay for: no guided episode edits yet
+    assert abs(sum(map(float, shares.values())) - 1.0) <= 0.005 * len(shares)   # each rounded to 2 places
+    assert line.endswith("proposed library:swe_guided_tool_plan")
+    assert "evolve@depth seed 0 v0009: no health report" in out   # a parent whose directory is gone is said
+    missing = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_modes.py"), "--draws"], cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert missing.returncode != 0 and "--draws reads a results file" in missing.stderr
