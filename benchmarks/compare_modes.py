@@ -50,7 +50,8 @@ from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.start import START
 from evotrainer.records.version import VersionDir
 
-from compare_modes_report import library_draws, mean_score, print_protocol, report_children   # benchmarks/: the script's folder
+# benchmarks/: the script's folder
+from compare_modes_report import library_draws, mean_score, print_protocol, report_children, run_dir_of
 from headroom_report import EPISODE_RATES, episode_scores
 
 MODES = ("reference", "evolve", "random-library")
@@ -171,8 +172,7 @@ def backfill_episode_rates(results: dict[str, list[dict]], root: Path) -> None:
         for r in rows:
             if set(EPISODE_RATES) <= set(r.get("episode_scores", {})) or "test_scores" not in r:
                 continue
-            protocol = r.get("same_run_as") or name.partition("@")[2] or "total"
-            run = Path(r.get("run_dir") or root / f"{name.partition('@')[0]}-{protocol}-s{r['seed']}")
+            run = run_dir_of(name, r, root)
             vd = VersionDir(run / START if r["best"] == START else run / "versions" / r["best"])
             rates = episode_rates(vd.rollouts("test"))
             if rates is not None:

@@ -5,6 +5,7 @@ the harness-changing modes tried."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from headroom_report import episode_report
 
@@ -101,36 +102,41 @@ def report_children(results: dict[str, list[dict]]) -> None:
                   + (" -> ".join(steps) if steps else "no harness change (a continuation of the seed harness)"))
 
 
+def run_dir_of(name: str, row: dict, root: str | Path) -> Path:
+    """Where a result row's run was kept: its own ``run_dir``, or (rows stored before that was recorded)
+    ``--out``/MODE-PROTOCOL-sSEED, a depth row of the reference standing on its total run."""
+    protocol = row.get("same_run_as") or name.partition("@")[2] or "total"
+    return Path(row.get("run_dir") or Path(root) / f"{name.partition('@')[0]}-{protocol}-s{row['seed']}")
+
+
 def library_draws(results: dict[str, list[dict]], root: str = "runs") -> str:
     """For each parent a harness-changing run proposed children from: the library entries its health
     report fired and each one's share of the library operator's draw (the run's own learned weights and
     skills aside), beside what was proposed. How likely a search is to chain the changes a headroom
     ladder needed, read from the runs' own reports (their directories, ``--out``)."""
     import json
-    from pathlib import Path
 
     from evotrainer.genome.program import HarnessProgram
     from evotrainer.operators.evidence import Evidence
-    from evotrainer.operators.library import applicable_entries, default_entries
+    from evotrainer.operators.library import LibraryOperator
 
-    entries, lines = default_entries(), ["the library's draw on each parent's health report (share of the draw per "
-                                         "fired entry) and the children proposed from it"]
+    lines = ["the library's draw on each parent's health report (share of the draw per fired entry) and the "
+             "children proposed from it"]
     for mode, rows in results.items():
         for r in rows:
-            name, _, protocol = mode.partition("@")
-            kids = r.get("children") or []
-            run = Path(r.get("run_dir") or Path(root) / f"{name}-{protocol or 'total'}-s{r['seed']}")
+            kids, run = r.get("children") or [], run_dir_of(mode, r, root)
             for pid in sorted({c["parents"][0] for c in kids if c["parents"]}):
                 vdir = run / "versions" / pid
                 if not (vdir / "health.json").is_file():
                     lines.append(f"  {mode} seed {r['seed']} {pid}: no health report at {vdir} (run from where the "
                                  "benchmark ran)")
                     continue
-                report = json.loads((vdir / "health.json").read_text())
-                found, _ = applicable_entries(HarnessProgram.from_file(vdir / "genome.py"),
-                                              Evidence(health_report=report), entries)
-                total = sum(a.entry.weight for a in found) or 1.0
-                fired = ", ".join(f"{a.entry.id} {a.entry.weight / total:.2f}" for a in found) or "none"
+                evidence = Evidence(health_report=json.loads((vdir / "health.json").read_text()))
+                library = LibraryOperator()   # the shipped entries at their own weights, nothing learned yet
+                found, _ = library.applicable(HarnessProgram.from_file(vdir / "genome.py"), evidence)
+                weights = library.draw_weights(evidence)
+                total = sum(weights[a.entry.id] for a in found) or 1.0
+                fired = ", ".join(f"{a.entry.id} {weights[a.entry.id] / total:.2f}" for a in found) or "none"
                 made = ", ".join(label(c) for c in kids if c["parents"] and c["parents"][0] == pid)
                 lines.append(f"  {mode} seed {r['seed']} {pid}: fires {fired}; proposed {made}")
     return "\n".join(lines)
