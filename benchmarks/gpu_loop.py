@@ -64,7 +64,7 @@ def build_model(arch: str, tokenizer_dir: str | None, dtype: str, folder: Path) 
     return folder
 
 
-def loop_config(model: Path, engine: str, args, run_dir: Path) -> dict:
+def loop_config(model: Path, engine: str, batch: int, args, run_dir: Path) -> dict:
     # A random model answers nothing right, so every group would be dead and no step would train (nor
     # any adapter reach vLLM's applied check): the reference harness with a length tie-break instead.
     harness = run_dir.parent / "always_learns.py"
@@ -74,7 +74,7 @@ def loop_config(model: Path, engine: str, args, run_dir: Path) -> dict:
         "run_dir": str(run_dir),
         "domain": {"difficulty": [1, 2], "n_train": 64, "n_heldout": 16, "n_test": 8},
         "grpo": {"num_generations": 4, "max_completion_length": args.tokens},
-        "train": {"prompts_per_step": args.prompts, "eval_max_new_tokens": args.tokens},
+        "train": {"prompts_per_step": args.prompts, "eval_max_new_tokens": args.tokens, "rollout_batch_size": batch},
         "evolution": {"population_size": 2, "children_per_generation": 2, "generations": args.generations,
                       "steps_per_generation": 2, "operators": {"knobs": 1.0}, "user_skills": False},
     }
@@ -86,10 +86,11 @@ def peak_memory_gib(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # kilobytes on Linux
 
 
-def run_engine(model: Path, engine: str, args, out: Path) -> dict:
+def run_engine(model: Path, engine: str, batch: int, args, out: Path) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    exp = Experiment(parse_config(loop_config(model, engine, args, out / engine)))
+    run_dir = out / (engine if batch == 32 else f"{engine}-b{batch}")   # batch 32 (the default) keeps the old name
+    exp = Experiment(parse_config(loop_config(model, engine, batch, args, run_dir)))
     t0 = time.perf_counter()
     try:
         state = exp.run()
@@ -98,7 +99,7 @@ def run_engine(model: Path, engine: str, args, out: Path) -> dict:
     used = state.budget_used
     statuses = {v: exp.vdir(v).meta().status for v in exp.versions()}
     refused = [e for e in state.events if "AdapterNotApplied" in e or "differs from the trained" in e]
-    return {"engine": engine, "status": state.status, "wall_s": time.perf_counter() - t0,
+    return {"engine": engine, "rollout_batch": batch, "status": state.status, "wall_s": time.perf_counter() - t0,
             "rollout_tokens": used.get("rollout_tokens", 0), "train_steps": used.get("train_steps", 0),
             "tokens_per_s": used.get("rollout_tokens", 0) / max(used.get("gen_seconds", 0), 1e-9),
             "seconds_per_step": used.get("train_seconds", 0) / max(used.get("train_steps", 0), 1),
@@ -116,23 +117,27 @@ def main(argv=None) -> dict:
     ap.add_argument("--generations", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8, help="tasks per step (x 4 rollouts)")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per rollout and per verification")
+    ap.add_argument("--rollout-batch", default="32",
+                    help="comma list of train.rollout_batch_size values (sequences sampled at once); one run each")
     ap.add_argument("--out", default="runs/gpu_loop")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     out = Path(args.out)
     model = build_model(args.arch, args.tokenizer, args.dtype, out / f"model-{args.arch}")
     rows = []
-    for engine in args.engines.split(","):
-        print(f"[{time.strftime('%H:%M:%S')}] {engine}: {args.arch} {args.dtype} on {args.device} ...", flush=True)
-        r = run_engine(model, engine, args, out)
-        rows.append(r)
-        print(f"  {r['status']} in {r['wall_s']:.0f} s: {r['tokens_per_s']:.0f} rollout tok/s, "
-              f"{r['seconds_per_step']:.2f} s per step, peak {r['peak_gib']:.2f} GiB, "
-              f"adapter refusals {len(r['adapter_refusals'])}; time went to {r['seconds']}", flush=True)
     result = {"arch": args.arch, "dtype": args.dtype, "device": args.device, "rows": rows}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    for engine in args.engines.split(","):
+        for batch in (int(b) for b in args.rollout_batch.split(",")):
+            print(f"[{time.strftime('%H:%M:%S')}] {engine}, rollout batch {batch}: {args.arch} {args.dtype} "
+                  f"on {args.device} ...", flush=True)
+            r = run_engine(model, engine, batch, args, out)
+            rows.append(r)
+            print(f"  {r['status']} in {r['wall_s']:.0f} s: {r['tokens_per_s']:.0f} rollout tok/s, "
+                  f"{r['seconds_per_step']:.2f} s per step, peak {r['peak_gib']:.2f} GiB, "
+                  f"adapter refusals {len(r['adapter_refusals'])}; time went to {r['seconds']}", flush=True)
+            if args.json:   # after every run: a device lease that ends mid-script keeps the rows it measured
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(json.dumps(result, indent=1))
     return result
 
 

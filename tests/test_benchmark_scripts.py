@@ -175,11 +175,14 @@ def test_gpu_loop_runs_two_generations_on_both_engines_on_the_cpu(tmp_path):
 
     engines = "vllm,transformers" if importlib.util.find_spec("vllm") else "transformers"
     out = _run([str(ROOT / "benchmarks" / "gpu_loop.py"), "--arch", "tiny", "--device", "cpu", "--dtype", "float32",
-                "--engines", engines, "--prompts", "2", "--tokens", "32", "--out", "runs", "--json", "loop.json"],
-               tmp_path)
+                "--engines", engines, "--prompts", "2", "--tokens", "32", "--rollout-batch", "4",
+                "--out", "runs", "--json", "loop.json"], tmp_path)
     data = json.loads((tmp_path / "loop.json").read_text())
     assert [r["engine"] for r in data["rows"]] == engines.split(",")
     for r in data["rows"]:
+        assert r["rollout_batch"] == 4   # --rollout-batch reached each run's config
+        run_config = json.loads((tmp_path / "runs" / f"{r['engine']}-b4" / "config.json").read_text())
+        assert run_config["train"]["rollout_batch_size"] == 4
         assert r["status"] == "finished" and r["train_steps"] > 0 and r["seconds"]["train"] > 0
         assert r["tokens_per_s"] > 0 and r["peak_gib"] > 0 and not r["adapter_refusals"]
         assert all(s in ("kept", "promoted", "pruned") for s in r["versions"].values()), r["versions"]
