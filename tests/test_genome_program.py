@@ -340,3 +340,23 @@ def test_a_genome_nested_past_the_parsers_limit_is_a_contract_error():
     with pytest.raises(EditError, match="does not parse"):
         rewrite_hook(reference_program(), "reward",
                      "def reward(rollouts, tasks):\n    return [" + "-" * 20000 + "1]\n")
+
+
+def test_hooks_reading_names_the_hooks_that_read_a_knob_through_helpers_and_fallbacks():
+    """scale_rewards is read by the reference's advantages hook only; a genome's own helper that reads a knob
+    counts for the hook that calls it; the KNOBS literal itself (which names every knob) does not."""
+    from evotrainer.genome.edits import hooks_reading
+
+    ref = reference_program()
+    assert hooks_reading(ref, "scale_rewards") == {"advantages"}
+    assert hooks_reading(ref, "learning_rate") == set()   # a trainer setting: no hook reads it
+    helper = ref.with_source(ref.source + '''
+
+def _bonus():
+    return KNOBS["scale_rewards"]["value"] == "none"
+
+
+def reward(rollouts, tasks):
+    return [float(bool(r["visible"].get("correct"))) + (0.1 if _bonus() else 0.0) for r in rollouts]
+''')
+    assert hooks_reading(helper, "scale_rewards") == {"advantages", "reward"}

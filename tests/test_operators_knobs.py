@@ -85,7 +85,26 @@ def test_guided_edit_is_inert_until_some_episode_is_guided():
     assert "guided_edit" not in {op.propose([swe], Evidence()).details["knob"] for _ in range(40)}
     plan = HarnessProgram(swe.source.replace('"guided_plan_share": {"value": 0.0', '"guided_plan_share": {"value": 0.5'))
     assert "guided_edit" not in inert_knobs({n: k["value"] for n, k in plan.knobs.items()})
-    assert "guided_edit" in KnobOperator(seed=0)._candidates(plan.knobs)
+    assert "guided_edit" in KnobOperator(seed=0)._candidates(plan, Evidence())
+
+
+def test_a_parent_whose_every_step_was_skipped_gets_no_knob_that_acts_only_inside_a_step():
+    """SWE's seed: every group dead, no KL, no step trained. A learning-rate, loss or scale_rewards child would
+    train exactly as its control; the knob operator proposes sampling knobs only, and all of them again
+    once a group carries signal or a KL term makes steps run."""
+    from evotrainer.loop.seed import DOMAIN_HARNESSES
+
+    swe = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
+    dead = Evidence(health_report={"engine": {"dead_group_ratio": 1.0}})
+    op = KnobOperator(seed=0, fixed={"num_iterations": 1})
+    proposed = {op.propose([swe], dead).details["knob"] for _ in range(40)}
+    assert proposed and proposed <= {"num_generations", "temperature", "max_completion_length", "guided_call_share",
+                                     "guided_plan_share", "beta"}, proposed   # beta > 0: every step runs
+    step_only = {"learning_rate", "loss_type", "scale_rewards", "mask_truncated_completions"}
+    assert not step_only & set(op._candidates(swe, dead))
+    assert step_only <= set(op._candidates(swe, Evidence(health_report={"engine": {"dead_group_ratio": 0.9}})))
+    with_kl = swe.with_knobs(beta=0.05)
+    assert step_only <= set(op._candidates(with_kl, dead))
 
 
 def test_restricted_knobs_and_alert_preference():

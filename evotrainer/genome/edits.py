@@ -20,7 +20,7 @@ import ast
 import functools
 import re
 
-from evotrainer.policy.grpo_config import TRAINER_SETTINGS
+from evotrainer.policy.grpo_config import SAMPLING_SETTINGS, TRAINER_SETTINGS
 
 from .contract import knob_names_read
 from .errors import ContractError, EditError, SingleFactorError
@@ -202,6 +202,39 @@ def hook_fingerprint(program: HarnessProgram, hook: str) -> str | None:
         return None
     defs = _toplevel(program)
     return "\n".join(defs[n][1] for n in sorted(_deps(program, hook)))
+
+
+def hooks_reading(program: HarnessProgram, knob: str) -> set[str]:
+    """The hooks whose code, helpers included, names ``knob`` (``KNOBS["knob"]``); a hook the genome
+    does not define is the reference's, which the sandbox hands the genome's KNOBS."""
+    out = set()
+    for hook in HOOKS:
+        source = program if hook in program.functions else reference_program()
+        if hook not in source.functions:
+            continue
+        defs = _toplevel(source)
+        for name in _deps(source, hook) - {"KNOBS"}:   # the KNOBS literal names every knob
+            if any(isinstance(n, ast.Constant) and n.value == knob for n in ast.walk(defs[name][0])):
+                out.add(hook)
+                break
+    return out
+
+
+# What acts only inside a gradient step: the hooks that turn rewards into the step's batch, and the
+# trainer settings that do not shape the sampled rollouts (beta aside: a KL term steps on its own).
+STEP_HOOKS = ("keep_groups", "advantages")
+STEP_SETTINGS = TRAINER_SETTINGS - SAMPLING_SETTINGS - {"beta"}
+DIAGNOSTIC_HOOKS = ("metrics", "alerts", "validity")
+
+
+def acts_only_in_a_step(program: HarnessProgram, knob: str) -> bool:
+    """Whether ``knob`` of ``program`` acts only inside a gradient step: a trainer setting that does not
+    shape the sampled rollouts, or a harness knob that only ``keep_groups``/``advantages`` read (and
+    diagnostics). A step the trainer skips (no advantage, no KL term) leaves such a knob no effect."""
+    if knob in TRAINER_SETTINGS:
+        return knob in STEP_SETTINGS
+    readers = hooks_reading(program, knob)
+    return bool(readers & set(STEP_HOOKS)) and readers <= set(STEP_HOOKS + DIAGNOSTIC_HOOKS)
 
 
 def factors_changed(parent: HarnessProgram, child: HarnessProgram) -> list[str]:

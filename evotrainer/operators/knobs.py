@@ -19,12 +19,14 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from evotrainer.genome.edits import acts_only_in_a_step
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
 
 optuna.logging.set_verbosity(logging.WARNING)
+log = logging.getLogger(__name__)
 
 
 def knob_distribution(spec: dict[str, Any]) -> BaseDistribution:
@@ -72,6 +74,15 @@ def inert_knobs(values: dict[str, Any]) -> set[str]:
     return inert
 
 
+def skipped_every_step(evidence: Evidence, values: dict[str, Any]) -> bool:
+    """Whether the parent's health report says no step of it trained: every group dead (the engine's
+    ``dead_group_ratio`` 1) and no KL term (``beta`` 0), so each step had no gradient and was skipped.
+    Then a knob that acts only inside a step cannot make a child that trains differently from its
+    control (the backtest refuses such a child too, from the cache: ``fitness/backtest.py``)."""
+    engine = (evidence.health_report or {}).get("engine") or {}
+    return engine.get("dead_group_ratio") == 1.0 and not values.get("beta")
+
+
 class KnobOperator:
     name = "knobs"
 
@@ -95,8 +106,15 @@ class KnobOperator:
         }
 
     # ---- choosing the knob ---------------------------------------------------------------
-    def _candidates(self, knobs: dict[str, dict[str, Any]]) -> list[str]:
+    def _candidates(self, parent, evidence: Evidence) -> list[str]:
+        knobs = parent.knobs
         inert = inert_knobs({**self.fixed, **{n: spec["value"] for n, spec in knobs.items()}})
+        if skipped_every_step(evidence, {**self.fixed, **parent.knob_values}):
+            step_only = {n for n in knobs if acts_only_in_a_step(parent, n)}
+            if step_only - inert:
+                log.info("knobs: every group of %s was dead and no KL term steps, so no step trained; left out "
+                         "the knobs that act only inside a step: %s", parent.short_hash, ", ".join(sorted(step_only)))
+            inert |= step_only
         names = [n for n in knobs if (self.only is None or n in self.only) and n not in inert]
         # A knob whose range or choices admit one value cannot make a child.
         return [n for n in names if "choices" in knobs[n] and len(knobs[n]["choices"]) > 1
@@ -128,7 +146,7 @@ class KnobOperator:
             knobs = parent.knobs
         except Exception as err:  # a broken parent declares nothing we can tune
             raise OperatorError(f"cannot read the parent's KNOBS: {err}", "input") from err
-        names = self._candidates(knobs)
+        names = self._candidates(parent, evidence)
         if not names:
             raise OperatorError("the parent declares no tunable knob" + (f" among {self.only}" if self.only else ""),
                                 "input")

@@ -62,3 +62,8 @@ class GRPOConfig:
 
 
 TRAINER_SETTINGS = frozenset(f.name for f in fields(GRPOConfig))
+# The settings that shape the sampled rollouts (how many, how long, how random, how guided:
+# ``train_step.step_params`` and the group size). Every other setting acts only inside a gradient step,
+# which the trainer skips when no rollout carries an advantage and ``beta`` is 0.
+SAMPLING_SETTINGS = frozenset({"num_generations", "temperature", "top_p", "max_completion_length",
+                               "guided_call_share", "guided_plan_share", "guided_edit"})
