@@ -286,38 +286,3 @@ def test_a_replay_over_a_large_cache_gets_limits_sized_for_it(tmp_path, monkeypa
     assert not r.errors, r.errors
     assert [(kw["sandbox"], kw["limits"].timeout_s) for kw in opened] == [(True, 40.0), (True, 40.0)]
 
-
-@pytest.fixture(scope="module")
-def all_dead(tmp_path_factory):
-    """A parent whose every group was dead (every rollout wrong): the trainer skipped all its steps."""
-    train = [rollout(f"t{g}", step=g // 2, group=g % 2, correct=False, fmt=bool(i % 2)) for g in range(4) for i in range(4)]
-    return write_version(tmp_path_factory.mktemp("all_dead"), train, [])
-
-
-@pytest.mark.parametrize("change", [{"learning_rate": 5e-4}, {"scale_rewards": "batch"},
-                                    {"mask_truncated_completions": True}])
-def test_a_change_that_acts_only_inside_a_skipped_step_is_rejected_as_inert(all_dead, change):
-    """Every group dead, no KL: an optimiser or loss knob (or scale_rewards, which only the advantages hook
-    reads) cannot change training, so its child would tie its control at a full step budget's cost."""
-    r = backtest(reference_program().with_knobs(**change), all_dead, expect="heldout_accuracy > 0")
-    assert not r.accept
-    inert = [x for x in r.reasons if x.startswith("rejected: inert")]
-    assert inert and f"knob:{next(iter(change))}" in inert[0]
-
-
-@pytest.mark.parametrize("change", [{"temperature": 1.3}, {"num_generations": 8}, {"beta": 0.05}])
-def test_a_sampling_change_or_a_kl_term_is_not_inert_on_dead_groups(all_dead, change):
-    """Sampling knobs act through new rollouts; a KL term makes the trainer step without an advantage."""
-    r = backtest(reference_program().with_knobs(**change), all_dead, expect="heldout_accuracy > 0")
-    assert r.accept and not any("inert" in x for x in r.reasons), r.reasons
-
-
-def test_the_same_optimiser_change_is_accepted_where_a_step_carries_signal(parent, all_dead, tmp_path):
-    """The rule reads the cache: one live group (the parent fixture) and the learning rate can act. A reward
-    change that revives dead groups is judged on its expectation, never as inert."""
-    r = backtest(reference_program().with_knobs(learning_rate=5e-4), parent, expect="heldout_accuracy > 0")
-    assert r.accept and not any("inert" in x for x in r.reasons), r.reasons
-    bonus = tmp_path / "bonus.py"
-    bonus.write_text(FORMAT_BONUS)
-    r = backtest(bonus, all_dead, expect="dead_group_ratio < 1")
-    assert r.accept and r.expectation_status == "met" and not any("inert" in x for x in r.reasons), r.reasons

@@ -38,7 +38,7 @@ from evotrainer.fitness.cache import CachedVersion
 from evotrainer.records.numeric import finite_or_none, is_dead, mean, pstd
 from evotrainer.records.scores import correct as outcome
 from evotrainer.fitness.labels import DiagnosticsScore, LabelledCase, LabelStore, score_diagnostics
-from evotrainer.genome.edits import STEP_HOOKS, acts_only_in_a_step, factors_changed
+from evotrainer.genome.edits import factors_changed
 from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
@@ -70,27 +70,6 @@ def replay_reaches(parent: HarnessProgram, child: HarnessProgram) -> bool:
         if kind == "knob" and any(name in child.hooks.get(h, "") for h in REPLAYED_HOOKS):
             return True
     return False
-
-
-def inert_reason(parent: HarnessProgram, child: HarnessProgram, before: dict, after: dict) -> str | None:
-    """Why ``child`` cannot train differently from ``parent``, or None. It cannot when no cached rollout
-    carries an advantage under either harness, the child has no KL term, and every factor it changes
-    acts only inside a gradient step: the trainer skipped the parent's steps and would skip the child's
-    on rollouts like them, so the child would train exactly as its control and tie it at a full step
-    budget's cost. (A change of a diagnostic hook is not training's business and is left alone.)"""
-    if before.get("signal_share") != 0 or after.get("signal_share") != 0 or child.knob_values.get("beta", 1) != 0:
-        return None
-    try:
-        factors = factors_changed(parent, child)
-    except ContractError:
-        return None
-    in_a_step = [(kind == "hook" and name in STEP_HOOKS) or (kind == "knob" and acts_only_in_a_step(child, name))
-                 for kind, _, name in (f.partition(":") for f in factors)]
-    if not factors or not all(in_a_step):
-        return None
-    return (f"rejected: inert: no cached rollout of the parent carries an advantage under either harness, so the "
-            f"trainer skipped every step, and {', '.join(factors)} acts only inside a gradient step; it cannot "
-            "change training until some step carries signal (a reward, sampling, curriculum or prompt change can)")
 
 
 def parse_expectation(text: str | dict | ExpectedEffect) -> ExpectedEffect:
@@ -291,9 +270,6 @@ def backtest(candidate: HarnessProgram | str | Path, parent: str | Path | Cached
             reasons.append(f"expectation {effect} {'met' if ok else 'MISSED'}: predicted {after[effect.metric]:.4g}"
                            + (f" (parent {was:.4g})" if was is not None else ""))
     reasons += _diagnostics_reasons(diag, pdiag, max_fpr)
-    inert = None if errors else inert_reason(v.program, program, before, after)
-    if inert:
-        reasons.append(inert)
     accept = not errors and status != "missed" and not any(r.startswith("rejected") for r in reasons)
     return BacktestResult(program.short_hash, str(v.path), _clean(before), _clean(after), numbers,
                           effect.to_dict() if effect else None, status,
