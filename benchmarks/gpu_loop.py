@@ -29,14 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from step_speed import ALWAYS_LEARNS  # noqa: E402
-
 from evotrainer.config import parse_config  # noqa: E402
-from evotrainer.genome.edits import rewrite_hook  # noqa: E402
-from evotrainer.genome.program import reference_program  # noqa: E402
 from evotrainer.loop.experiment import Experiment  # noqa: E402
 from evotrainer.policy.base_model import CHATML_TEMPLATE, load_tokenizer, tiny_config  # noqa: E402
 from evotrainer.policy.vllm_engine import TINY_VLLM_OVERRIDES  # noqa: E402
+from evotrainer.testing.learning_harness import always_learns  # noqa: E402
 
 # Architectures by their published shapes; the vocabulary is the carried tokenizer's.
 ARCHS = {
@@ -68,7 +65,7 @@ def loop_config(model: Path, engine: str, batch: int, args, run_dir: Path) -> di
     # A random model answers nothing right, so every group would be dead and no step would train (nor
     # any adapter reach vLLM's applied check): the reference harness with a length tie-break instead.
     harness = run_dir.parent / "always_learns.py"
-    harness.write_text(rewrite_hook(reference_program(), "reward", ALWAYS_LEARNS).source)
+    harness.write_text(always_learns().source)
     return {
         "model": str(model), "harness": str(harness), "dtype": args.dtype, "device": args.device, "engine": engine,
         "run_dir": str(run_dir),
@@ -89,7 +86,7 @@ def peak_memory_gib(device: str) -> float:
 def run_engine(model: Path, engine: str, batch: int, args, out: Path) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    run_dir = out / (engine if batch == 32 else f"{engine}-b{batch}")   # batch 32 (the default) keeps the old name
+    run_dir = out / f"{engine}-b{batch}"
     exp = Experiment(parse_config(loop_config(model, engine, batch, args, run_dir)))
     t0 = time.perf_counter()
     try:

@@ -47,22 +47,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch
 
 from evotrainer.domains import get_domain
-from evotrainer.genome.edits import rewrite_hook
 from evotrainer.genome.harness import Harness
-from evotrainer.genome.program import reference_program
 from evotrainer.policy.base_model import EMBEDDED, load_base_model
 from evotrainer.policy.collect import collect_groups
 from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
 from evotrainer.policy.train_step import step_params, train_step
+from evotrainer.testing.learning_harness import always_learns
 
 PATHS = {"old": dict(decoder="generate", shared_prompts=False, packed=False),
          "new": dict(decoder="kv", shared_prompts=True, packed=True)}
-ALWAYS_LEARNS = (
-    "def reward(rollouts, tasks):\n"
-    "    \"\"\"Correctness, plus a length tie-break: no group is dead, every step learns.\"\"\"\n"
-    "    return [(1.0 if r['visible'].get('correct') else 0.0) + 0.001 * len(r['completion']) for r in rollouts]\n")
 
 
 # ---- the machine's limits ------------------------------------------------------------------------
@@ -182,7 +177,7 @@ def main(argv=None) -> dict:
 
     rows.append(side_by_side("GRPO step (16 rollouts)", grpo, args.repeats))
 
-    with Harness(rewrite_hook(reference_program(), "reward", ALWAYS_LEARNS)) as harness:
+    with Harness(always_learns()) as harness:
         def whole_step(path):
             i = next(step)
             s, (_, metrics) = timed(lambda: train_step(policies[path], engines[path], trainers[path], harness, domain,

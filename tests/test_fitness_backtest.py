@@ -285,4 +285,3 @@ def test_a_replay_over_a_large_cache_gets_limits_sized_for_it(tmp_path, monkeypa
     r = bt.backtest(reference_program(), parent)
     assert not r.errors, r.errors
     assert [(kw["sandbox"], kw["limits"].timeout_s) for kw in opened] == [(True, 40.0), (True, 40.0)]
-

@@ -8,15 +8,13 @@ from pathlib import Path
 
 from evotrainer.config import parse_config
 from evotrainer.genome import reference_program as reference
-from evotrainer.genome.edits import rewrite_hook
 from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.proposals import children_the_budget_allows, compound, promoted_factors, propose_compound, refuted
 from evotrainer.operators import Evidence, get_operator
+from evotrainer.testing.learning_harness import always_learns
 
 from tests.loop_runs import tiny_cfg
 
-LEARNS = ("def reward(rollouts, tasks):\n"
-          "    return [(1.0 if r['visible'].get('correct') else 0.0) + 0.001 * len(r['completion']) for r in rollouts]\n")
 REPORT = json.loads((Path(__file__).parent / "fixtures" / "health_report_demo.json").read_text())
 
 
@@ -66,10 +64,10 @@ def test_promoted_factors_compound(tmp_path):
     """Two survivors whose lineages each carry a promoted knob change: the compound child is the one
     with the other's factor, a real child of the generation (backtested, pending, two parents)."""
     cfg = tiny_cfg(tmp_path / "run", generations=2, population_size=3, operators={"knobs": 1.0})
-    # A reward with a length tie-break: the tiny model's groups carry signal, so an optimiser knob's child
-    # is not inert (on dead groups the backtest refuses it, and only sampling knobs would be left).
+    # A reward with a length tie-break: the tiny model's groups carry signal, so the knobs operator draws
+    # from every knob (on a parent whose every group was dead it leaves out those that act only in a step).
     harness = tmp_path / "learns.py"
-    harness.write_text(rewrite_hook(reference(), "reward", LEARNS).source)
+    harness.write_text(always_learns().source)
     exp = Experiment(parse_config({**cfg, "harness": str(harness)}))
     exp.run()
     children = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().operator == "knobs"]

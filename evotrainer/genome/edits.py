@@ -207,9 +207,12 @@ def hook_fingerprint(program: HarnessProgram, hook: str) -> str | None:
 def hooks_reading(program: HarnessProgram, knob: str) -> set[str]:
     """The hooks whose code, helpers included, names ``knob`` (``KNOBS["knob"]``); a hook the genome
     does not define is the reference's, which the sandbox hands the genome's KNOBS."""
-    out = set()
+    out, reference = set(), None
     for hook in HOOKS:
-        source = program if hook in program.functions else reference_program()
+        if hook in program.functions:
+            source = program
+        else:
+            source = reference = reference or reference_program()   # read from its file once per call
         if hook not in source.functions:
             continue
         defs = _toplevel(source)

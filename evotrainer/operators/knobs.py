@@ -78,7 +78,7 @@ def skipped_every_step(evidence: Evidence, values: dict[str, Any]) -> bool:
     """Whether the parent's health report says no step of it trained: every group dead (the engine's
     ``dead_group_ratio`` 1) and no KL term (``beta`` 0), so each step had no gradient and was skipped.
     Then a knob that acts only inside a step cannot make a child that trains differently from its
-    control (the backtest refuses such a child too, from the cache: ``fitness/backtest.py``)."""
+    control."""
     engine = (evidence.health_report or {}).get("engine") or {}
     return engine.get("dead_group_ratio") == 1.0 and not values.get("beta")
 
@@ -107,9 +107,9 @@ class KnobOperator:
 
     # ---- choosing the knob ---------------------------------------------------------------
     def _candidates(self, parent, evidence: Evidence) -> list[str]:
-        knobs = parent.knobs
-        inert = inert_knobs({**self.fixed, **{n: spec["value"] for n, spec in knobs.items()}})
-        if skipped_every_step(evidence, {**self.fixed, **parent.knob_values}):
+        knobs, values = parent.knobs, {**self.fixed, **parent.knob_values}
+        inert = inert_knobs(values)
+        if skipped_every_step(evidence, values):
             step_only = {n for n in knobs if acts_only_in_a_step(parent, n)}
             if step_only - inert:
                 log.info("knobs: every group of %s was dead and no KL term steps, so no step trained; left out "

@@ -54,7 +54,7 @@ def rollout_batch_size(cfg: Config) -> int:
     CPU a batch is already bound by arithmetic, and 32 keeps its KV cache small."""
     if cfg.train.rollout_batch_size is not None:
         return cfg.train.rollout_batch_size
-    return 128 if str(cfg.device).startswith("cuda") else 32
+    return 128 if cfg.device.startswith("cuda") else 32
 
 
 def build_engine(cfg: Config, policy, engine: str) -> RolloutEngine:

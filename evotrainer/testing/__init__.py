@@ -7,6 +7,8 @@ so that a test or a benchmark can assert the engine's checks and gates flag it:
   its twin that copies the leaked reference note (``build_scenario``, ``planted_leak_scenario``).
 * ``swe_planted.py`` — the SWE git-history leak: an honest scripted branch and one that copies the fix
   from the repository's history (``build_swe_leak_scenario``).
+* ``learning_harness.py`` — the reference harness with a length tie-break reward, under which a random
+  model's every step trains (``always_learns``).
 * ``fixtures/`` — the hand-written harness files those scenarios train or backtest (data, not imported).
 
 Why a package of its own, named ``testing`` (as ``optuna.testing``): the scenarios train real branches
