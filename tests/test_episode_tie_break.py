@@ -13,7 +13,7 @@ from evotrainer.fitness.gates import GateConfig, gate
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.gating import child_outcome, gate_line
 from evotrainer.loop.seed import DOMAIN_HARNESSES
-from evotrainer.loop.selection import Candidate, rank_score, survivors
+from evotrainer.loop.selection import Candidate, parents, rank_score, survivors
 from tests.test_swe_interventions import ACCEPTED, EDIT, PROSE, REFUSED, episode
 
 SWE = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
@@ -112,6 +112,23 @@ def test_selection_breaks_a_tie_in_accuracy_by_the_working_calls_and_never_above
     cands = [Candidate("idle", rank_score({"selection_accuracy": 0.0, "selection_working_calls": 0.0}), 10.0),
              Candidate("calls", rank_score(tied), 90.0)]
     assert survivors(cands, 1) == ["calls"]   # the elite, though it costs more tokens
+
+
+def test_a_tie_in_calls_too_is_broken_by_the_training_groups_that_had_a_gradient():
+    idle = {"selection_accuracy": 0.0, "selection_working_calls": 0.0, "train_live_groups": 0.0}
+    learns = idle | {"train_live_groups": 0.5}
+    assert rank_score(learns) > rank_score(idle) == rank_score({"selection_accuracy": 0.0})
+    # never above a working call accepted in a million, nor above a resolution
+    assert rank_score(idle | {"selection_working_calls": 1 / 999_999}) > rank_score(learns | {"train_live_groups": 1.0})
+    assert rank_score({"selection_accuracy": 1 / 999_999}) > rank_score(learns | {"selection_working_calls": 1.0})
+    # the elite, though it costs more tokens; and what a tournament for parents prefers
+    cands = [Candidate("plan", rank_score(idle), 10.0), Candidate("credit", rank_score(learns), 90.0),
+             Candidate("other", rank_score(idle), 20.0)]
+    assert survivors(cands, 1) == ["credit"]
+    assert set(parents(cands, 20, tournament_size=3, seed=1)) >= {"credit"}
+    # an invalid version is never selected, however much its groups carried
+    cands[1].valid = False
+    assert "credit" not in survivors(cands, 2)
 
 
 def test_the_final_pick_breaks_a_tie_at_nothing_resolved_by_the_working_calls(tmp_path):

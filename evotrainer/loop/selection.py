@@ -21,14 +21,23 @@ from evotrainer.loop.diversity import diversify
 
 
 TIE_SCALE = 1e-6   # below the smallest step of an accuracy over fewer than a million rollouts
+SIGNAL_SCALE = TIE_SCALE * TIE_SCALE   # below the smallest step of a working-call share, likewise
 
 
 def rank_score(metrics: dict) -> float:
     """What a version is ranked by: its selection-draw accuracy; on episodes, where a small policy may
     resolve nothing, ties are broken by the share of working calls the environment accepted on that
     draw (``selection_working_calls``, ``fitness/episodes.py``), scaled so it never outranks a
-    resolution. The gate breaks the same tie the same way (``fitness/gates.py``)."""
-    return (metrics.get("selection_accuracy") or 0.0) + TIE_SCALE * (metrics.get("selection_working_calls") or 0.0)
+    resolution. The gate breaks the same tie the same way (``fitness/gates.py``).
+
+    A tie in both is broken by the share of the version's own training groups that carried a reward
+    difference (``train_live_groups``, episodes only): at equal held-out behaviour, a version whose
+    steps had a gradient can go on learning, while one whose every group was dead repeats itself
+    under any continuation. Scaled below the working calls. Its guard is validity, as for the gate's
+    tie-break: a reward that rises on form while progress does not makes the branch invalid
+    (``episode_progress``), and an invalid version is never selected."""
+    return ((metrics.get("selection_accuracy") or 0.0) + TIE_SCALE * (metrics.get("selection_working_calls") or 0.0)
+            + SIGNAL_SCALE * (metrics.get("train_live_groups") or 0.0))
 
 
 class _Fitness(base.Fitness):

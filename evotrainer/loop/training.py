@@ -335,5 +335,8 @@ def _record_verification(exp: Experiment, vid: str, heldout: list, verify_second
     working = working_call_rate(selection)
     if working is not None:   # episodes: what breaks a tie in selection_accuracy (loop/selection.py)
         meta.metrics["selection_working_calls"] = working
+        dead = report.engine.get("dead_group_ratio")
+        if dead is not None:  # and then a tie in both: the share of its groups that had a gradient
+            meta.metrics["train_live_groups"] = 1.0 - dead
     meta.status = "verified"
     vd.save_meta(meta)
