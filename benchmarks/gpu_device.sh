@@ -6,13 +6,16 @@
 # .device/tok/ (tokenizer.json, tokenizer_config.json, special_tokens_map.json); both folders are ignored
 # by git. Then, on the GPU machine, from the repository root:
 #
-#     OUT=runs/gpu_device bash benchmarks/gpu_device.sh
+#     OUT=runs/gpu_device bash benchmarks/gpu_device.sh                     # the loop
+#     OUT=runs/gpu_device BENCH=step_speed bash benchmarks/gpu_device.sh     # a step's parts, side by side
 #
 # It installs the wheels beside the image's own torch/transformers/peft, prints the versions, and runs
-# benchmarks/gpu_loop.py on random-init Qwen2.5-1.5B weights in bf16 with the engines that import there.
+# benchmarks/gpu_loop.py (or step_speed.py) on random-init Qwen2.5-1.5B weights in bf16, the loop with
+# the engines that import there.
 set -uo pipefail
 OUT=${OUT:-runs/gpu_device}
 ENGINES=${ENGINES:-transformers}
+BENCH=${BENCH:-loop}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "gpu_device: installing the carried wheels failed"; exit 1; }
@@ -30,5 +33,10 @@ import evotrainer.loop.experiment  # noqa: F401  (fails here, fast, if a depende
 print("evotrainer imports")
 EOF
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_device: the environment is incomplete"; exit 1; }
+if [ "$BENCH" = step_speed ]; then
+    python3 benchmarks/step_speed.py --random-init qwen2.5-1.5b --tokenizer .device/tok --device cuda \
+        --dtype bfloat16 --repeats "${REPEATS:-3}" --json "$OUT/step_speed.json" 2>&1 | tee "$OUT/step_speed.log"
+    exit "${PIPESTATUS[0]}"
+fi
 python3 benchmarks/gpu_loop.py --tokenizer .device/tok --arch qwen2.5-1.5b --device cuda --dtype bfloat16 \
     --engines "$ENGINES" --out /tmp/gpu_loop --json "$OUT/gpu_loop.json" 2>&1 | tee "$OUT/gpu_loop.log"

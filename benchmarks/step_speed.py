@@ -27,6 +27,10 @@ ratio's distance from 1): the fast path must not widen it.
 
     python benchmarks/step_speed.py                          # embedded SmolLM2-135M, fp32, CPU
     python benchmarks/step_speed.py --model tiny-random --repeats 1 --json out.json
+    python benchmarks/step_speed.py --random-init qwen2.5-1.5b --device cuda --dtype bfloat16   # a GPU
+
+On a GPU the packed weights do nothing (they are a CPU kernel), so "fast" there is the KV decoder and
+the shared prompts; the machine's limits are still the CPU's.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +61,9 @@ from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
 from evotrainer.policy.train_step import step_params, train_step
 from evotrainer.testing.learning_harness import always_learns
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_loop import ARCHS, build_model  # noqa: E402  (a benchmark beside this one: random weights by shape)
 
 PATHS = {"old": dict(decoder="generate", shared_prompts=False, packed=False),
          "new": dict(decoder="kv", shared_prompts=True, packed=True)}
@@ -82,7 +91,7 @@ def machine_limits(seconds: float = 1.0) -> dict[str, float]:
 
 # ---- the setup ---------------------------------------------------------------------------------
 def setup(args, packed: bool):
-    model, tok = load_base_model(args.model, dtype=args.dtype)
+    model, tok = load_base_model(args.model, dtype=args.dtype, device=args.device)
     policy = Policy(model, tok, LoraSettings(), packed=packed)
     torch.manual_seed(0)   # the same adapter in both paths' copies
     policy.create("branch")
@@ -125,20 +134,30 @@ def main(argv=None) -> dict:
     ap.add_argument("--model", default=EMBEDDED)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each path per row, after one warm-up")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--random-init", default=None, choices=sorted(ARCHS),
+                    help="random weights of this architecture instead of --model (a machine with no weights)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder for --random-init (default: the embedded's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    built = None
+    if args.random_init:   # written to a folder once, then loaded like any local model (both copies)
+        built = Path(tempfile.mkdtemp(prefix="evotrainer-step-speed-"))
+        args.model = str(build_model(args.random_init, args.tokenizer, args.dtype, built))
 
     limits = machine_limits()
     print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, fp32 matmul "
           f"{limits['matmul_fp32_gflops']:.0f} GFLOP/s, bf16 matmul {limits['matmul_bf16_gflops']:.0f} GFLOP/s, "
           f"memory copy {limits['memcpy_gbs']:.1f} GB/s")
     policies = {path: setup(args, kw["packed"]) for path, kw in PATHS.items()}
+    if built:
+        shutil.rmtree(built)
     domain = get_domain("math", difficulty=[2, 3], n_train=200, n_heldout=48, n_test=32, seed=0)
     engines = {p: TransformersEngine(policies[p], decoder=kw["decoder"]) for p, kw in PATHS.items()}
     cfg = GRPOConfig(learning_rate=5e-4, num_generations=4, max_completion_length=32, loss_type="dapo")
     tasks = domain.tasks("train")[:4]
     heldout = domain.tasks("heldout")
-    print(f"model {args.model} {args.dtype}; quickstart shapes: 4 tasks x 4 generations x 32 tokens, "
+    print(f"model {args.random_init or args.model} {args.dtype} on {args.device}; quickstart shapes: 4 tasks x 4 generations x 32 tokens, "
           f"{len(heldout)} held-out tasks x 48 greedy tokens\n")
     print(f"{'':<34} {'today':>10} {'fast':>10} {'ratio':>7}")
     rows = []

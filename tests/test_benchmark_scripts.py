@@ -20,9 +20,11 @@ def _run(args, tmp_path):
 
 
 def test_step_speed_measures_both_paths_and_the_logprob_gap(tmp_path):
-    out = _run([str(ROOT / "benchmarks" / "step_speed.py"), "--model", "tiny-random", "--repeats", "1",
-                "--json", "speed.json"], tmp_path)
+    # --random-init: what a lent GPU with no weights runs (here the tiny shape, on the CPU)
+    out = _run([str(ROOT / "benchmarks" / "step_speed.py"), "--random-init", "tiny", "--device", "cpu",
+                "--repeats", "1", "--json", "speed.json"], tmp_path)
     data = json.loads((tmp_path / "speed.json").read_text())
+    assert "model tiny float32 on cpu" in out and data["args"]["random_init"] == "tiny"
     names = [r["name"] for r in data["rows"]]
     assert any(n.startswith("sampling") for n in names) and "GRPO step (16 rollouts)" in names
     for row in data["rows"]:
