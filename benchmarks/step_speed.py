@@ -157,7 +157,8 @@ def main(argv=None) -> dict:
     cfg = GRPOConfig(learning_rate=5e-4, num_generations=4, max_completion_length=32, loss_type="dapo")
     tasks = domain.tasks("train")[:4]
     heldout = domain.tasks("heldout")
-    print(f"model {args.random_init or args.model} {args.dtype} on {args.device}; quickstart shapes: 4 tasks x 4 generations x 32 tokens, "
+    print(f"model {args.random_init or args.model} {args.dtype} on {args.device}; "
+          "quickstart shapes: 4 tasks x 4 generations x 32 tokens, "
           f"{len(heldout)} held-out tasks x 48 greedy tokens\n")
     print(f"{'':<34} {'today':>10} {'fast':>10} {'ratio':>7}")
     rows = []
