@@ -35,7 +35,7 @@ EOF
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_device: the environment is incomplete"; exit 1; }
 if [ "$BENCH" = step_speed ]; then
     python3 benchmarks/step_speed.py --random-init qwen2.5-1.5b --tokenizer .device/tok --device cuda \
-        --dtype bfloat16 --repeats "${REPEATS:-3}" --json "$OUT/step_speed.json" 2>&1 | tee "$OUT/step_speed.log"
+        --dtype bfloat16 --repeats "${REPEATS:-3}" ${SHAPES:-} --json "$OUT/step_speed.json" 2>&1 | tee "$OUT/step_speed.log"
     exit "${PIPESTATUS[0]}"
 fi
 python3 benchmarks/gpu_loop.py --tokenizer .device/tok --arch qwen2.5-1.5b --device cuda --dtype bfloat16 \

@@ -28,6 +28,7 @@ ratio's distance from 1): the fast path must not widen it.
     python benchmarks/step_speed.py                          # embedded SmolLM2-135M, fp32, CPU
     python benchmarks/step_speed.py --model tiny-random --repeats 1 --json out.json
     python benchmarks/step_speed.py --random-init qwen2.5-1.5b --device cuda --dtype bfloat16   # a GPU
+    python benchmarks/step_speed.py ... --tasks 8 --generations 8 --new-tokens 128   # other shapes
 
 On a GPU the packed weights do nothing (they are a CPU kernel), so "fast" there is the KV decoder and
 the shared prompts; the machine's limits are still the CPU's.
@@ -135,6 +136,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each path per row, after one warm-up")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--tasks", type=int, default=4, help="tasks per training step (default: the quickstart's)")
+    ap.add_argument("--generations", type=int, default=4, help="rollouts per task")
+    ap.add_argument("--new-tokens", type=int, default=32, help="new tokens per rollout")
     ap.add_argument("--random-init", default=None, choices=sorted(ARCHS),
                     help="random weights of this architecture instead of --model (a machine with no weights)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer folder for --random-init (default: the embedded's)")
@@ -154,11 +158,12 @@ def main(argv=None) -> dict:
         shutil.rmtree(built)
     domain = get_domain("math", difficulty=[2, 3], n_train=200, n_heldout=48, n_test=32, seed=0)
     engines = {p: TransformersEngine(policies[p], decoder=kw["decoder"]) for p, kw in PATHS.items()}
-    cfg = GRPOConfig(learning_rate=5e-4, num_generations=4, max_completion_length=32, loss_type="dapo")
-    tasks = domain.tasks("train")[:4]
+    n_t, n_g, n_new = args.tasks, args.generations, args.new_tokens
+    cfg = GRPOConfig(learning_rate=5e-4, num_generations=n_g, max_completion_length=n_new, loss_type="dapo")
+    tasks = domain.tasks("train")[:n_t]
     heldout = domain.tasks("heldout")
     print(f"model {args.random_init or args.model} {args.dtype} on {args.device}; "
-          "quickstart shapes: 4 tasks x 4 generations x 32 tokens, "
+          f"shapes: {n_t} tasks x {n_g} generations x {n_new} tokens, "
           f"{len(heldout)} held-out tasks x 48 greedy tokens\n")
     print(f"{'':<34} {'today':>10} {'fast':>10} {'ratio':>7}")
     rows = []
@@ -167,17 +172,17 @@ def main(argv=None) -> dict:
         s, out = timed(lambda: engines[path].generate(prompts, params, "branch"))
         return s, sum(len(c.completion_ids) for c in out)
 
-    group_prompts = [t.messages() for t in tasks for _ in range(4)]
-    distinct = [t.messages() for t in domain.tasks("train")[4:20]]
+    group_prompts = [t.messages() for t in tasks for _ in range(n_g)]
+    distinct = [t.messages() for t in domain.tasks("train")[n_t:n_t + n_t * n_g]]
     step = iter(range(10_000))
-    rows.append(side_by_side("sampling 4x4 x 32 tok", lambda p: sample(
-        p, group_prompts, SamplingParams(temperature=1.0, max_new_tokens=32, seed=next(step))), args.repeats, "tok/s"))
-    rows.append(side_by_side("sampling 16 distinct x 32 tok", lambda p: sample(
-        p, distinct, SamplingParams(temperature=1.0, max_new_tokens=32, seed=next(step))), args.repeats, "tok/s"))
+    rows.append(side_by_side(f"sampling {n_t}x{n_g} x {n_new} tok", lambda p: sample(
+        p, group_prompts, SamplingParams(temperature=1.0, max_new_tokens=n_new, seed=next(step))), args.repeats, "tok/s"))
+    rows.append(side_by_side(f"sampling {len(distinct)} distinct x {n_new} tok", lambda p: sample(
+        p, distinct, SamplingParams(temperature=1.0, max_new_tokens=n_new, seed=next(step))), args.repeats, "tok/s"))
     rows.append(side_by_side(f"verification {len(heldout)} x 48 greedy", lambda p: sample(
         p, [t.messages() for t in heldout], SamplingParams(temperature=0, max_new_tokens=48)), args.repeats, "tok/s"))
 
-    rollouts = collect_groups(engines["old"], domain, tasks, 4, step_params(cfg, 0, 1), "branch", step=1)
+    rollouts = collect_groups(engines["old"], domain, tasks, n_g, step_params(cfg, 0, 1), "branch", step=1)
     advantages = [(-1.0) ** i * 0.5 for i in range(len(rollouts))]
     trainers = {p: GRPOTrainer(policies[p], "branch", cfg, shared_prompts=kw["shared_prompts"])
                 for p, kw in PATHS.items()}
@@ -195,7 +200,7 @@ def main(argv=None) -> dict:
         restore(path)
         return s, None
 
-    rows.append(side_by_side("GRPO step (16 rollouts)", grpo, args.repeats))
+    rows.append(side_by_side(f"GRPO step ({len(rollouts)} rollouts)", grpo, args.repeats))
 
     with Harness(always_learns()) as harness:
         def whole_step(path):
@@ -224,9 +229,9 @@ def main(argv=None) -> dict:
     rows.append(side_by_side("episode turns (8 x 4 turns x 24)", turns, args.repeats, "tok/s"))
 
     gaps = {}
-    params = SamplingParams(temperature=1.0, max_new_tokens=32, seed=123)
+    params = SamplingParams(temperature=1.0, max_new_tokens=n_new, seed=123)
     for path in PATHS:
-        outs = collect_groups(engines[path], domain, tasks, 4, params, "branch", step=1)
+        outs = collect_groups(engines[path], domain, tasks, n_g, params, "branch", step=1)
         tr = trainers[path]
         batch = tr._batch(outs)
         with torch.no_grad(), policies[path].adapter("branch") as m:
