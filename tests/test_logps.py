@@ -164,3 +164,16 @@ def test_gradient_checkpointing_keeps_less_for_the_backward_pass_with_the_same_g
     for a, b in zip(grads, grads_c):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-3)
     assert kept_c < kept / 2, (kept, kept_c)
+
+
+def test_the_shared_prompt_pass_is_the_default_on_a_cpu_only():
+    from evotrainer.policy.grpo import shares_prompts_by_default
+
+    assert shares_prompts_by_default(torch.device("cpu")) and shares_prompts_by_default("cpu")
+    # on an H200 it made the GRPO step about twice as slow (benchmarks/results/step_speed_h200*.json)
+    assert not shares_prompts_by_default(torch.device("cuda")) and not shares_prompts_by_default("cuda:1")
+    model, tok = load_base_model("tiny-random", seed=0)
+    pol = Policy(model, tok, LoraSettings(r=4, lora_alpha=8))
+    pol.create("b0")
+    assert GRPOTrainer(pol, "b0", GRPOConfig(num_generations=2)).shared_prompts             # a CPU policy
+    assert not GRPOTrainer(pol, "b0", GRPOConfig(num_generations=2), shared_prompts=False).shared_prompts
