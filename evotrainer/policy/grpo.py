@@ -98,11 +98,11 @@ def grpo_loss(
 
 
 # ---- the trainer ------------------------------------------------------------------------------
-def shares_prompts_by_default(device: torch.device) -> bool:
+def shares_prompts_by_default(device: torch.device | str) -> bool:
     """Whether a GRPO step runs each distinct prompt once (the shared-prompt pass) unless told: on a
     CPU, yes (fewer FLOPs is less time there); on a GPU, no. On an H200 the shared-prompt pass made
-    the GRPO step about twice as slow (0.5x of rows run whole at 16 and at 64 rollouts of short
-    prompts, ``benchmarks/step_speed.py``): its extra passes cost more launches than the prompt
+    the GRPO step about twice as slow as running every row whole, at 16 and at 64 rollouts of short
+    prompts (``benchmarks/step_speed.py``): its extra passes cost more launches than the prompt
     FLOPs they save on a device that is not compute-bound at these sizes."""
     return torch.device(device).type == "cpu"
 
