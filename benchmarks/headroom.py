@@ -71,6 +71,7 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_worked_call_prompt": ("swe_worked_call_prompt", {"shots": 3}),
     "swe_give_up_penalty": ("swe_give_up_penalty", {"penalty": 0.2}),
     "swe_guided_tool_calls": ("swe_guided_tool_calls", {"value": 0.5}),
+    "swe_imitate_guided_calls": ("swe_imitate_guided_calls", {"value": 1.0}),
     "swe_raise_learning_rate": ("raise_learning_rate", {"value": 4e-4}),   # the SWE seed's 1e-4, x4
     "swe_repeat_penalty": ("swe_repeat_penalty", {"weight": 0.3}),
     "swe_progress_credit": ("swe_progress_credit", {"credit": 0.3}),
@@ -124,6 +125,9 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
     return {
         "variant": name, "seed": seed, "steps": steps, "genome_hash": program.hash, **signals,
         "skipped_steps": sum(1 for m in steps_log if m.get("skipped")),
+        # guided_imitation: the imitated calls' mean negative log-likelihood, first step and last
+        "imitation_nll": [m["imitation_nll"] for m in steps_log if "imitation_nll" in m][:1]
+        + [m["imitation_nll"] for m in steps_log if "imitation_nll" in m][-1:],
         "train_reward_last8": statistics.fmean(m.get("reward_mean", 0.0) for m in steps_log[-8:]) if steps_log else None,
         "truncation_last8": statistics.fmean(m.get("truncation_rate", 0.0) for m in steps_log[-8:]) if steps_log else None,
         "dead_group_ratio_mean": statistics.fmean(m.get("dead_group_ratio", 0.0) for m in steps_log) if steps_log else None,

@@ -110,6 +110,9 @@ class GRPOSection(_Section):
     guided_edit: Literal["line", "token"] | None = Field(None, description=(
         "swe: what a guided edit writes in place of the line it names: line (any one line) or token (the line "
         "with one operator, comparison or integer changed)"))
+    guided_imitation: float | None = Field(None, ge=0, le=10, description=(
+        "swe: weight of a behaviour-cloning term on guided episodes' accepted calls, added to the policy loss "
+        "whatever their advantage (0: the policy gradient alone); needs guided_call_share or guided_plan_share"))
 
 
 class TrainConfig(_Section):

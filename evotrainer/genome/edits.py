@@ -224,9 +224,10 @@ def hooks_reading(program: HarnessProgram, knob: str) -> set[str]:
 
 
 # What acts only inside a gradient step: the hooks that turn rewards into the step's batch, and the
-# trainer settings that do not shape the sampled rollouts (beta aside: a KL term steps on its own).
+# trainer settings that do not shape the sampled rollouts (beta and guided_imitation aside: a KL term
+# and an imitation term step on their own, with no advantage).
 STEP_HOOKS = ("keep_groups", "advantages")
-STEP_SETTINGS = TRAINER_SETTINGS - SAMPLING_SETTINGS - {"beta"}
+STEP_SETTINGS = TRAINER_SETTINGS - SAMPLING_SETTINGS - {"beta", "guided_imitation"}
 DIAGNOSTIC_HOOKS = ("metrics", "alerts", "validity")
 
 

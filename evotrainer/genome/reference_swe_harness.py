@@ -44,6 +44,7 @@ KNOBS = {
     "guided_call_share": {"value": 0.0, "choices": [0.0, 0.25, 0.5]},  # episodes decoded under the call grammar
     "guided_plan_share": {"value": 0.0, "choices": [0.0, 0.25, 0.5]},  # ... that read, edit, test, submit in turn
     "guided_edit": {"value": "line", "choices": ["line", "token"]},  # a guided edit: any line, or a one-token change
+    "guided_imitation": {"value": 0.0, "choices": [0.0, 0.5, 1.0]},  # behaviour cloning on guided accepted calls
 }
 # EVOLVE-BLOCK-END
 

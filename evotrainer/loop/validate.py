@@ -141,6 +141,11 @@ def _guided_calls(cfg: Config, engine: str) -> None:
     if cfg.grpo.guided_edit == "token" and not any(shares.values()):   # else it would change nothing, silently
         raise ConfigError("field 'grpo.guided_edit': token shapes guided edits, and no episode is guided "
                           "(guided_call_share and guided_plan_share are 0); raise one of them or remove guided_edit")
+    imitation = cfg.grpo.guided_imitation
+    imitation = imitation if imitation is not None else (knobs.get("guided_imitation") or {}).get("value") or 0.0
+    if imitation and not any(shares.values()):   # else it would imitate nothing, silently
+        raise ConfigError(f"field 'grpo.guided_imitation': {imitation} imitates guided calls, and no episode is guided "
+                          "(guided_call_share and guided_plan_share are 0); raise one of them or set it to 0")
 
 
 def _harness(cfg: Config, loop: bool, say: Callable[[str], None] | None) -> None:

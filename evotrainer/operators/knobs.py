@@ -65,22 +65,29 @@ def inert_knobs(values: dict[str, Any]) -> set[str]:
     pass per batch (``num_iterations`` 1, the default) training is on-policy: the importance ratio is
     1 at every token, so the PPO clip (``epsilon``, ``epsilon_high``) and the two-sided clip
     (``delta``) never bind, and a child changing one of them repeats its control's training exactly.
-    ``guided_edit`` shapes guided edits only: with no episode guided, it changes nothing."""
+    ``guided_edit`` shapes guided edits and ``guided_imitation`` imitates guided calls: with no episode
+    guided, they change nothing."""
     inert = set()
     if (values.get("num_iterations") or 1) == 1:
         inert |= {"epsilon", "epsilon_high", "delta"}
-    if not (values.get("guided_call_share") or values.get("guided_plan_share")):
-        inert.add("guided_edit")
+    if not guides(values):
+        inert |= {"guided_edit", "guided_imitation"}
     return inert
+
+
+def guides(values: dict[str, Any]) -> bool:
+    """Whether some training episodes are decoded under the call grammar."""
+    return bool(values.get("guided_call_share") or values.get("guided_plan_share"))
 
 
 def skipped_every_step(evidence: Evidence, values: dict[str, Any]) -> bool:
     """Whether the parent's health report says no step of it trained: every group dead (the engine's
-    ``dead_group_ratio`` 1) and no KL term (``beta`` 0), so each step had no gradient and was skipped.
-    Then a knob that acts only inside a step cannot make a child that trains differently from its
-    control."""
+    ``dead_group_ratio`` 1), no KL term (``beta`` 0) and no guided call imitated (``guided_imitation``
+    0 or nothing guided), so each step had no gradient and was skipped. Then a knob that acts only
+    inside a step cannot make a child that trains differently from its control."""
     engine = (evidence.health_report or {}).get("engine") or {}
-    return engine.get("dead_group_ratio") == 1.0 and not values.get("beta")
+    imitates = bool(values.get("guided_imitation")) and guides(values)
+    return engine.get("dead_group_ratio") == 1.0 and not values.get("beta") and not imitates
 
 
 class KnobOperator:

@@ -18,6 +18,8 @@ every group is dead and no gradient step is taken. The entries answer the report
   applied edit that breaks no passing test and a test run, in place of a credit for the calls' form;
 - ``tool_failures`` (malformed calls): part of each group decoded under the environment's tool-call
   grammar (``guided_call_share``), so well-formed calls reach the tools and the free rest learns from them;
+- the same, once some episodes are guided: behaviour cloning on their accepted calls (``guided_imitation``),
+  which trains the form even while every group is dead;
 - no progress (no episode edits or runs the tests, whatever its calls' form): part of each group guided
   through the plan a fix takes (``guided_plan_share``: read, edit, run the tests, submit), so some
   episodes make the progress a progress credit pays for;
@@ -188,6 +190,16 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "policy towards the calls it was steered to.",
         FEWER_MALFORMED, "grammar-constrained decoding (llguidance; Geng et al., 2023) as guided exploration",
         move=KnobMove("guided_call_share"), episodes_only=True),
+    LibraryEntry(
+        "swe_imitate_guided_calls", "knob (episodes): behaviour cloning on the guided episodes' accepted calls",
+        "knob:guided_imitation", (when("malformed_call_rate", ">", 0.5), when("guided_episode_rate", ">", 0.0)),
+        "If guided_imitation goes from {old} to {new} (that weight on the mean negative log-likelihood of the guided "
+        "episodes' accepted calls, added to the policy loss whatever their reward), the free episodes' malformed calls "
+        "fall, because the policy is trained on well-formed calls at every step, where the policy gradient gives them "
+        "nothing while their groups are dead and little while the free members' long turns share the step.",
+        FEWER_MALFORMED, "rejection-sampling fine-tuning on accepted samples (RFT, Yuan et al., 2023; expert "
+        "iteration, Anthony et al., 2017), here on grammar-guided calls",
+        move=KnobMove("guided_imitation"), episodes_only=True),
     LibraryEntry(
         "swe_guided_tool_plan", "knob (episodes): guide part of each group through read, edit, run tests, submit",
         "knob:guided_plan_share", (when("train_progress_rate", "<", 0.05),),

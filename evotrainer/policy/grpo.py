@@ -19,6 +19,8 @@ from typing import Sequence
 import torch
 
 from evotrainer.policy.grpo_config import LOSS_TYPES, GRPOConfig
+from evotrainer.policy.guided_decoding import LOGPROB_FLOOR
+from evotrainer.policy.imitation import imitation_mask
 from evotrainer.policy.logps import per_token_logps, shared_prompt_logps
 from evotrainer.records.rollout import Rollout
 
@@ -97,6 +99,12 @@ def grpo_loss(
     return loss, stats
 
 
+def imitation_loss(logps: torch.Tensor, mask: torch.Tensor, coef: float, num_imitated: float) -> torch.Tensor:
+    """Behaviour cloning on the imitated tokens (``guided_imitation``): coef x their mean negative
+    log-likelihood over the whole step (``num_imitated`` tokens), summed over its micro-batches."""
+    return coef * -(logps * mask).sum() / max(num_imitated, 1.0)
+
+
 # ---- the trainer ------------------------------------------------------------------------------
 def shares_prompts_by_default(device: torch.device | str) -> bool:
     """Whether a GRPO step runs each distinct prompt once (the shared-prompt pass) unless told: on a
@@ -112,7 +120,9 @@ class GRPOTrainer:
 
     ``step(rollouts, advantages)`` does ``num_iterations`` passes of micro-batched forward/backward
     over the batch, accumulating gradients, then one clipped AdamW step on the branch's LoRA
-    parameters only. Rewards and advantages come from the harness, not from here.
+    parameters only. Rewards and advantages come from the harness, not from here. With
+    ``guided_imitation`` above 0, the imitated tokens of ``rollouts`` and of ``imitate`` (guided
+    episodes whose groups carried no advantage) add :func:`imitation_loss`.
     """
 
     def __init__(self, policy, branch: str, cfg: GRPOConfig, max_tokens: int | None = None,
@@ -164,7 +174,7 @@ class GRPOTrainer:
         rows = [distinct.setdefault(tuple(r.prompt_ids), len(distinct)) for r in rollouts]
         P = max(len(p) for p in distinct)
         T = max(max(len(r.completion_ids) for r in rollouts), 1)
-        comp, cattn, cmask, old = [], [], [], []
+        comp, cattn, cmask, old, imask = [], [], [], [], []
         for r in rollouts:
             c = list(r.completion_ids)
             sampled = r.sampled_mask()   # an episode's tool results and turn headers are 0: no loss there
@@ -174,12 +184,17 @@ class GRPOTrainer:
             cmask.append([keep * m for m in sampled] + [0] * (T - len(c)))
             lps = iter(r.logprobs)   # the sampler's logprobs, of the sampled tokens, in order
             old.append([next(lps) if m else 0.0 for m in sampled] + [0.0] * (T - len(c)))
+            # A guided token outside the sampler's nucleus (top_p < 1) has the floor log-probability,
+            # no gradient to its own logit: nothing to imitate there.
+            imitate = imitation_mask(r) if self.cfg.guided_imitation else [0] * len(c)
+            imask.append([int(m and lp > LOGPROB_FLOOR / 2) for m, lp in zip(imitate, old[-1])] + [0] * (T - len(c)))
         t = lambda x, dtype=torch.long: torch.tensor(x, device=dev, dtype=dtype)   # noqa: E731
         return {
             "prompt_ids": t([[self.pad_id] * (P - len(p)) + list(p) for p in distinct]),
             "prompt_mask": t([[0] * (P - len(p)) + [1] * len(p) for p in distinct]),
             "rows": t(rows), "completion_ids": t(comp), "completion_attention": t(cattn),
             "completion_mask": t(cmask, torch.float32), "old_logps": t(old, torch.float32), "T": T,
+            "imitation_mask": t(imask, torch.float32),
         }
 
     def _logps(self, model, b: dict) -> torch.Tensor:
@@ -191,17 +206,26 @@ class GRPOTrainer:
         attention = torch.cat([b["prompt_mask"].index_select(0, b["rows"]), b["completion_attention"]], 1)
         return per_token_logps(model, ids, attention, b["T"], cfg.temperature, cfg.top_p)
 
-    def step(self, rollouts: Sequence[Rollout], advantages: Sequence[float]) -> dict[str, float]:
+    def step(self, rollouts: Sequence[Rollout], advantages: Sequence[float],
+             imitate: Sequence[Rollout] = ()) -> dict[str, float]:
         if len(rollouts) != len(advantages):
             raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
         cfg = self.cfg
         mb = max(1, cfg.per_device_train_batch_size)
+        own = {id(r) for r in rollouts}
+        extra = [r for r in imitate if id(r) not in own] if cfg.guided_imitation else []
+        if not rollouts and not extra:
+            raise ValueError("nothing to train on: no rollouts and nothing to imitate")
         chunks = [list(range(i, min(i + mb, len(rollouts)))) for i in range(0, len(rollouts), mb)]
         batches = [self._batch([rollouts[i] for i in c]) for c in chunks]
         advs = [torch.tensor([advantages[i] for i in c], device=self.policy.device, dtype=torch.float32)
                 for c in chunks]
+        clone_only = [self._batch(extra[i:i + mb]) for i in range(0, len(extra), mb)]
         total_tokens = float(sum(b["completion_mask"].sum() for b in batches))
+        imitated = float(sum(b["imitation_mask"].sum() for b in batches + clone_only))
         stats: dict[str, float] = {"loss": 0.0, "clip_ratio/low": 0.0, "clip_ratio/high": 0.0, "kl": 0.0}
+        if cfg.guided_imitation:
+            stats.update(imitation_nll=0.0, imitated_tokens=imitated)
         model = self.policy.model
         model.train()
         with self.policy.adapter(self.branch):
@@ -217,13 +241,27 @@ class GRPOTrainer:
                     loss, s = grpo_loss(logps, batch["old_logps"], adv, batch["completion_mask"], cfg, ref,
                                         num_items_in_batch=total_tokens, num_micro_batches=len(batches),
                                         max_tokens=self.max_tokens)
+                    loss = loss + self._imitate(logps, batch, imitated, stats)
                     loss.backward()
                     stats["loss"] += float(loss.detach()) / cfg.num_iterations
                     for k in ("clip_ratio/low", "clip_ratio/high", "kl"):
                         stats[k] += s[k] / (len(batches) * cfg.num_iterations)
+                for batch in clone_only:   # guided episodes of groups without advantage: imitation only
+                    loss = self._imitate(self._logps(model, batch), batch, imitated, stats)
+                    loss.backward()
+                    stats["loss"] += float(loss.detach()) / cfg.num_iterations
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 self.optimizer.step()
         model.eval()
         stats["grad_norm"] = float(grad_norm) if math.isfinite(float(grad_norm)) else float("nan")
         stats["clip_ratio"] = stats["clip_ratio/low"] + stats["clip_ratio/high"]
         return stats
+
+    def _imitate(self, logps: torch.Tensor, batch: dict, imitated: float, stats: dict[str, float]) -> torch.Tensor:
+        """The micro-batch's share of the step's imitation loss (0 when nothing is imitated), and its
+        share of ``imitation_nll``, the imitated tokens' mean negative log-likelihood over the passes."""
+        if not imitated:
+            return torch.zeros((), device=logps.device)
+        nll = imitation_loss(logps, batch["imitation_mask"], 1.0, imitated)
+        stats["imitation_nll"] += float(nll.detach()) / self.cfg.num_iterations
+        return self.cfg.guided_imitation * nll

@@ -45,6 +45,10 @@ class GRPOConfig:
     # What a guided edit may write in place of the line it names: "line" any one line; "token" the
     # line with one operator, comparison or integer changed (domains/swe/token_edits.py).
     guided_edit: str = "line"
+    # Episodes: the weight of a behaviour-cloning term on the tokens of guided episodes' accepted calls
+    # (policy/imitation.py), added to the policy loss whatever their advantage: a step whose groups are
+    # all dead still learns the calls' form from them. 0: the policy gradient alone.
+    guided_imitation: float = 0.0
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -52,6 +56,8 @@ class GRPOConfig:
         for name in ("guided_call_share", "guided_plan_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
+        if not self.guided_imitation >= 0.0:
+            raise ValueError(f"guided_imitation must be >= 0, got {self.guided_imitation}")
         if self.guided_edit not in EDIT_FORMS:
             raise ValueError(f"guided_edit must be one of {EDIT_FORMS}, got {self.guided_edit!r}")
         if self.num_generations < 2:
@@ -64,6 +70,6 @@ class GRPOConfig:
 TRAINER_SETTINGS = frozenset(f.name for f in fields(GRPOConfig))
 # The settings that shape the sampled rollouts (how many, how long, how random, how guided:
 # ``train_step.step_params`` and the group size). Every other setting acts only inside a gradient step,
-# which the trainer skips when no rollout carries an advantage and ``beta`` is 0.
+# which the trainer skips when no rollout carries an advantage, ``beta`` is 0 and nothing is imitated.
 SAMPLING_SETTINGS = frozenset({"num_generations", "temperature", "top_p", "max_completion_length",
                                "guided_call_share", "guided_plan_share", "guided_edit"})

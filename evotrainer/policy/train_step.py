@@ -1,7 +1,8 @@
 """One GRPO step of a branch under a harness, and the recipe a harness's knobs make.
 
 Per step: rollouts (verified; visible outcome only) → harness reward → harness group filter →
-harness advantages → one GRPO update of the branch's LoRA adapter. The harness is anything with
+harness advantages → one GRPO update of the branch's LoRA adapter (with ``guided_imitation``, plus
+behaviour cloning on guided episodes' accepted calls, which trains even when every group is dead). The harness is anything with
 the hooks of :class:`HarnessHooks` (the sandboxed :class:`~evotrainer.genome.harness.Harness` in
 practice): the trainer calls hooks, it never imports the genome layer above it.
 """
@@ -16,6 +17,7 @@ from evotrainer.domains.task import Task
 from evotrainer.policy.collect import PromptFn, collect_groups, default_prompt
 from evotrainer.policy.grpo import GRPOConfig, GRPOTrainer
 from evotrainer.policy.grpo_config import TRAINER_SETTINGS
+from evotrainer.policy.imitation import to_imitate
 from evotrainer.policy.lora import Policy
 from evotrainer.policy.rollout_engine import RolloutEngine, SamplingParams
 from evotrainer.records.rollout import Group, Rollout, group_rollouts
@@ -96,9 +98,13 @@ def train_step(policy: Policy, engine: RolloutEngine, trainer: GRPOTrainer, harn
             batch.append(r)
             batch_adv.append(float(a))
     t1 = time.perf_counter()
+    # Guided episodes' accepted calls (guided_imitation), of any group, kept or not, live or dead.
+    imitate = to_imitate(rollouts) if cfg.guided_imitation else []
     # All-zero advantages leave no policy gradient, but a KL term (beta > 0) still pulls toward the base.
     if batch and (any(a != 0.0 for a in batch_adv) or cfg.beta != 0.0):
-        stats = trainer.step(batch, batch_adv)
+        stats = trainer.step(batch, batch_adv, imitate=imitate)
+    elif imitate:  # no policy gradient, and calls to imitate
+        stats = trainer.step([], [], imitate=imitate)
     else:  # nothing to learn from: every kept group is dead (or all were filtered)
         stats = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0, "grad_norm": 0.0, "skipped": 1.0}
     t_train = time.perf_counter() - t1
