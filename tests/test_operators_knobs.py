@@ -107,6 +107,25 @@ def test_a_parent_whose_every_step_was_skipped_gets_no_knob_that_acts_only_insid
     assert step_only <= set(op._candidates(with_kl, dead))
 
 
+def test_beta_is_left_out_when_no_step_of_the_lineage_moved_the_adapter():
+    """A never-trained LoRA adapter equals the base model: with every group dead, a KL term to the base
+    is 0 with a 0 gradient, so a beta child trains as its control. Once the lineage trained (or its
+    adapter is unknown, or a guided call is imitated), beta is proposed again."""
+    from evotrainer.loop.seed import DOMAIN_HARNESSES
+
+    swe = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
+    report = {"engine": {"dead_group_ratio": 1.0}}
+    op = KnobOperator(seed=0, fixed={"num_iterations": 1})
+    assert "beta" not in op._candidates(swe, Evidence(health_report=report, adapter_trained=False))
+    assert "beta" in op._candidates(swe, Evidence(health_report=report, adapter_trained=True))
+    assert "beta" in op._candidates(swe, Evidence(health_report=report))
+    assert "beta" in op._candidates(swe, Evidence(health_report={"engine": {"dead_group_ratio": 0.5}},
+                                                  adapter_trained=False))
+    imitating = swe.with_knobs(guided_call_share=0.5, guided_imitation=1.0)
+    assert "beta" in op._candidates(imitating, Evidence(health_report=report, adapter_trained=False))
+    assert Evidence.from_dict({"health_report": report, "adapter_trained": False}).adapter_trained is False
+
+
 def test_restricted_knobs_and_alert_preference():
     parent = reference()
     op = KnobOperator(seed=0, knobs=["temperature"])

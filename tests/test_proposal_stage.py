@@ -164,3 +164,27 @@ def test_a_child_held_at_design_waits_for_a_person_before_its_backtest(tmp_path)
     assert run.versions.vdir(cid).meta().status == "awaiting_approval"
     assert not (run.versions.vdir(cid).path / "backtest.json").exists() and run.spent == ["propose_seconds"]
     assert run.state.approvals == {cid: "pending"} and run.state.gates == {cid: {"point": "design", "generation": 1}}
+
+
+def test_the_evidence_says_whether_any_step_of_the_lineage_moved_the_adapter(tmp_path):
+    """``lineage_trained`` walks a version's parents (all of a merge's): a step with a gradient anywhere
+    above it means its adapter is not the base model's; skipped steps and zero gradients do not."""
+    from types import SimpleNamespace
+
+    from evotrainer.loop.proposals import lineage_trained
+
+    versions = RunVersions(tmp_path / "versions")
+    steps = {"v0000": [{"skipped": 1.0, "grad_norm": 0.0}], "v0001": [{"grad_norm": 0.0, "kl": 0.0}],
+             "v0002": [{"grad_norm": 0.4}], "v0003": [{"skipped": 1.0}]}
+    parents = {"v0000": [], "v0001": ["v0000"], "v0002": [], "v0003": ["v0001", "v0002"]}
+    for vid, rows in steps.items():
+        vd = versions.vdir(vid)
+        vd.path.mkdir(parents=True)
+        vd.save_meta(BranchVersion(id=vid, base_model="constructed", genome_hash="h", parents=parents[vid]))
+        for row in rows:
+            vd.append_step(row)
+    exp = SimpleNamespace(vdir=versions.vdir)
+    assert not lineage_trained(exp, "v0000")
+    assert not lineage_trained(exp, "v0001")   # a KL step on an adapter equal to the base: no gradient
+    assert lineage_trained(exp, "v0002")
+    assert lineage_trained(exp, "v0003")       # through its second parent (a merge)

@@ -71,7 +71,24 @@ def evidence_for(exp: Experiment, vid: str) -> Evidence:
     known = {exp.vdir(v).meta().genome_hash for v in exp.versions()}
     gaps = [dict(vars(g)) for g in exp.labels.gaps[-5:]]
     return Evidence(health_report=report, skills=skills, history=exp.state.history[-20:], known_hashes=known,
-                    allow_multi_factor=exp.cfg.evolution.allow_multi_factor, gaps=gaps, refuted=refuted(exp))
+                    allow_multi_factor=exp.cfg.evolution.allow_multi_factor, gaps=gaps, refuted=refuted(exp),
+                    adapter_trained=lineage_trained(exp, vid))
+
+
+def lineage_trained(exp: Experiment, vid: str) -> bool:
+    """Whether a step of ``vid`` or of any version its adapter descends from (every parent: a merge
+    starts from its parents' merged adapters) had a gradient (``grad_norm`` above 0)."""
+    seen, todo = set(), [vid]
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        vd = exp.vdir(v)
+        if any(not m.get("skipped") and (m.get("grad_norm") or 0.0) > 0.0 for m in vd.steps()):
+            return True
+        todo += vd.meta().parents
+    return False
 
 
 def refuted(exp: Experiment) -> set[str]:

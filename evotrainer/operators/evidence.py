@@ -19,6 +19,9 @@ class Evidence:
     # (a child that lost, tied with no gain, or was invalid): not proposed from that harness again
     refuted: set[str] = field(default_factory=set)
     allow_multi_factor: bool = False
+    # Whether any step of the parent's lineage moved its adapter (None: not known). A LoRA adapter no
+    # step moved equals the base model, so a KL term to the base has nothing to pull on.
+    adapter_trained: bool | None = None
     failed_source: str | None = None    # llm_repair: the child that failed ...
     failure: str | None = None          # ... and the error text it failed with
 
@@ -46,4 +49,5 @@ class Evidence:
                    refuted=set(d.get("refuted") or []),
                    gaps=list(d.get("gaps") or []),
                    allow_multi_factor=bool(d.get("allow_multi_factor", False)),
+                   adapter_trained=d.get("adapter_trained"),
                    failed_source=d.get("failed_source"), failure=d.get("failure"))

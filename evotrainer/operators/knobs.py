@@ -90,6 +90,15 @@ def skipped_every_step(evidence: Evidence, values: dict[str, Any]) -> bool:
     return engine.get("dead_group_ratio") == 1.0 and not values.get("beta") and not imitates
 
 
+def kl_has_nothing_to_pull(evidence: Evidence, values: dict[str, Any]) -> bool:
+    """Whether a KL term (``beta``) would train nothing: no step of the parent's lineage ever moved its
+    adapter (``evidence.adapter_trained`` False), so it equals the base model and the KL term and its
+    gradient are 0; every group was dead, so no advantage moves it; and nothing is imitated."""
+    engine = (evidence.health_report or {}).get("engine") or {}
+    imitates = bool(values.get("guided_imitation")) and guides(values)
+    return evidence.adapter_trained is False and engine.get("dead_group_ratio") == 1.0 and not imitates
+
+
 class KnobOperator:
     name = "knobs"
 
@@ -122,6 +131,10 @@ class KnobOperator:
                 log.info("knobs: every group of %s was dead and no KL term steps, so no step trained; left out "
                          "the knobs that act only inside a step: %s", parent.short_hash, ", ".join(sorted(step_only)))
             inert |= step_only
+        if kl_has_nothing_to_pull(evidence, values) and "beta" in knobs and "beta" not in inert:
+            log.info("knobs: no step of %s's lineage moved its adapter and every group was dead: a KL term to the "
+                     "base model has nothing to pull on; left out beta", parent.short_hash)
+            inert.add("beta")
         names = [n for n in knobs if (self.only is None or n in self.only) and n not in inert]
         # A knob whose range or choices admit one value cannot make a child.
         return [n for n in names if "choices" in knobs[n] and len(knobs[n]["choices"]) > 1
