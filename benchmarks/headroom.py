@@ -72,7 +72,8 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_give_up_penalty": ("swe_give_up_penalty", {"penalty": 0.2}),
     "swe_guided_tool_calls": ("swe_guided_tool_calls", {"value": 0.5}),
     "swe_imitate_guided_calls": ("swe_imitate_guided_calls", {"value": 1.0}),
-    "swe_raise_learning_rate": ("raise_learning_rate", {"value": 4e-4}),   # the SWE seed's 1e-4, x4
+    # x4 on the SWE seed's 1e-4 (the runs of 2026-12-02/03); the seed has been at 4e-4 since, where x2 is 8e-4
+    "swe_raise_learning_rate": ("raise_learning_rate", {"value": 4e-4}),
     "swe_repeat_penalty": ("swe_repeat_penalty", {"weight": 0.3}),
     "swe_progress_credit": ("swe_progress_credit", {"credit": 0.3}),
     "swe_guided_tool_plan": ("swe_guided_tool_plan", {"value": 0.5}),

@@ -152,9 +152,12 @@ def test_the_knob_its_config_check_and_its_library_entry():
     assert any("guided_imitation" in p and "guided_call_share" in p for p in config_problems(alone, loop=False))
     ok = parse_config({**swe, "grpo": {"guided_imitation": 1.0, "guided_call_share": 0.5}})
     assert not any("guided_imitation" in p for p in config_problems(ok, loop=False))
+    # The SWE harness imitates by default: inert while nothing is guided, so the seed config is fine.
+    assert not any("guided_imitation" in p for p in config_problems(parse_config(swe), loop=False))
 
     # It trains with no advantage, so a parent whose steps were all skipped does not make it inert.
     seed = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
+    assert seed.knobs["guided_imitation"]["value"] == 1.0   # on by default, inert until a child guides
     assert not acts_only_in_a_step(seed, "guided_imitation")
     assert "guided_imitation" in inert_knobs({"guided_call_share": 0.0})
     assert "guided_imitation" not in inert_knobs({"guided_call_share": 0.5})
@@ -163,11 +166,15 @@ def test_the_knob_its_config_check_and_its_library_entry():
     assert not skipped_every_step(dead, {"guided_call_share": 0.5, "guided_imitation": 1.0})
 
     op = get_operator("library")
+    def entry_unavailable(program):
+        return {e.id: e for e in default_entries()}["swe_imitate_guided_calls"].unavailable(program)
+
     free = {"metrics": {"turns_mean": 4.0, "malformed_call_rate": 1.0, "dead_group_ratio": 1.0,
                         "guided_episode_rate": 0.0}}
     assert "swe_imitate_guided_calls" not in {a.entry.id for a in op.applicable(seed, Evidence(health_report=free))[0]}
     guided = {"metrics": {**free["metrics"], "guided_episode_rate": 0.5}}
-    parent = seed.with_knobs(guided_call_share=0.5)
+    assert entry_unavailable(seed.with_knobs(guided_call_share=0.5))   # already imitating at its largest weight
+    parent = seed.with_knobs(guided_call_share=0.5, guided_imitation=0.0)
     found, skipped = op.applicable(parent, Evidence(health_report=guided))
     assert "swe_imitate_guided_calls" in {a.entry.id for a in found}, skipped
     entry = {e.id: e for e in default_entries()}["swe_imitate_guided_calls"]

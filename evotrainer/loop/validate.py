@@ -141,9 +141,10 @@ def _guided_calls(cfg: Config, engine: str) -> None:
     if cfg.grpo.guided_edit == "token" and not any(shares.values()):   # else it would change nothing, silently
         raise ConfigError("field 'grpo.guided_edit': token shapes guided edits, and no episode is guided "
                           "(guided_call_share and guided_plan_share are 0); raise one of them or remove guided_edit")
+    # Set here, it asks for imitation, which nothing guided would silently drop. The SWE harness's own
+    # knob is on by default and inert until a child guides some episodes.
     imitation = cfg.grpo.guided_imitation
-    imitation = imitation if imitation is not None else (knobs.get("guided_imitation") or {}).get("value") or 0.0
-    if imitation and not any(shares.values()):   # else it would imitate nothing, silently
+    if imitation and not any(shares.values()):
         raise ConfigError(f"field 'grpo.guided_imitation': {imitation} imitates guided calls, and no episode is guided "
                           "(guided_call_share and guided_plan_share are 0); raise one of them or set it to 0")
 
