@@ -80,23 +80,29 @@ def guides(values: dict[str, Any]) -> bool:
     return bool(values.get("guided_call_share") or values.get("guided_plan_share"))
 
 
+def imitates(values: dict[str, Any]) -> bool:
+    """Whether steps imitate guided calls: a step with no advantage still trains then."""
+    return bool(values.get("guided_imitation")) and guides(values)
+
+
+def all_dead(evidence: Evidence) -> bool:
+    """Whether every group of the parent's steps was dead (the engine's ``dead_group_ratio`` 1)."""
+    return ((evidence.health_report or {}).get("engine") or {}).get("dead_group_ratio") == 1.0
+
+
 def skipped_every_step(evidence: Evidence, values: dict[str, Any]) -> bool:
     """Whether the parent's health report says no step of it trained: every group dead (the engine's
     ``dead_group_ratio`` 1), no KL term (``beta`` 0) and no guided call imitated (``guided_imitation``
     0 or nothing guided), so each step had no gradient and was skipped. Then a knob that acts only
     inside a step cannot make a child that trains differently from its control."""
-    engine = (evidence.health_report or {}).get("engine") or {}
-    imitates = bool(values.get("guided_imitation")) and guides(values)
-    return engine.get("dead_group_ratio") == 1.0 and not values.get("beta") and not imitates
+    return all_dead(evidence) and not values.get("beta") and not imitates(values)
 
 
 def kl_has_nothing_to_pull(evidence: Evidence, values: dict[str, Any]) -> bool:
     """Whether a KL term (``beta``) would train nothing: no step of the parent's lineage ever moved its
     adapter (``evidence.adapter_trained`` False), so it equals the base model and the KL term and its
     gradient are 0; every group was dead, so no advantage moves it; and nothing is imitated."""
-    engine = (evidence.health_report or {}).get("engine") or {}
-    imitates = bool(values.get("guided_imitation")) and guides(values)
-    return evidence.adapter_trained is False and engine.get("dead_group_ratio") == 1.0 and not imitates
+    return evidence.adapter_trained is False and all_dead(evidence) and not imitates(values)
 
 
 class KnobOperator:

@@ -99,10 +99,10 @@ def grpo_loss(
     return loss, stats
 
 
-def imitation_loss(logps: torch.Tensor, mask: torch.Tensor, coef: float, num_imitated: float) -> torch.Tensor:
-    """Behaviour cloning on the imitated tokens (``guided_imitation``): coef x their mean negative
+def imitation_loss(logps: torch.Tensor, mask: torch.Tensor, num_imitated: float) -> torch.Tensor:
+    """Behaviour cloning on the imitated tokens (``guided_imitation`` weighs it): their mean negative
     log-likelihood over the whole step (``num_imitated`` tokens), summed over its micro-batches."""
-    return coef * -(logps * mask).sum() / max(num_imitated, 1.0)
+    return -(logps * mask).sum() / max(num_imitated, 1.0)
 
 
 # ---- the trainer ------------------------------------------------------------------------------
@@ -262,6 +262,6 @@ class GRPOTrainer:
         share of ``imitation_nll``, the imitated tokens' mean negative log-likelihood over the passes."""
         if not imitated:
             return torch.zeros((), device=logps.device)
-        nll = imitation_loss(logps, batch["imitation_mask"], 1.0, imitated)
+        nll = imitation_loss(logps, batch["imitation_mask"], imitated)
         stats["imitation_nll"] += float(nll.detach()) / self.cfg.num_iterations
         return self.cfg.guided_imitation * nll
