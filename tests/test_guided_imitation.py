@@ -60,6 +60,29 @@ def test_the_imitated_tokens_are_the_guided_turns_whose_call_was_accepted(episod
     assert to_imitate(rollouts) == [r for r in guided if any(imitation_mask(r))]
 
 
+def test_a_guided_edit_is_imitated_only_when_its_patch_broke_no_passing_test(episodes):
+    """The grammar makes a guided edit apply, not keep the module working: an accepted edit turn of an
+    episode whose graded patch broke a PASS_TO_PASS test is left out, its other accepted turns stay."""
+    _, _, rollouts = episodes
+    r = next(r for r in rollouts if r.episode["guided"] and sum(imitation_mask(r)))
+    turns = [t for t in r.turn_log if _accepted(t["tool_call"])]
+
+    def variant(passed):
+        c = type(r).from_dict(r.to_dict())
+        c.turn_log[r.turn_log.index(turns[0])]["tool_call"]["name"] = "edit"   # the first accepted call, an edit
+        c.visible = {"patch_applied": True, "pass_to_pass": {"t::a": {"passed": True}, "t::b": {"passed": passed}}}
+        return c
+
+    kept, broke = imitation_mask(variant(True)), imitation_mask(variant(False))
+    a, b = turns[0]["span"]
+    assert kept == imitation_mask(r) and any(kept[a:b])        # a harmless edit is imitated like any accepted call
+    assert not any(broke[a:b])                                  # the breaking one is not
+    assert broke[:a] + broke[b:] == kept[:a] + kept[b:]         # the episode's other accepted turns still are
+    hidden_only = variant(False)
+    hidden_only.hidden, hidden_only.visible = hidden_only.visible, {}
+    assert imitation_mask(hidden_only) == kept                  # training reads only the visible grade
+
+
 def _imitated_logp(pol, branch, rollouts):
     """The imitated tokens' summed log-probability under ``branch``, as the trainer computes it."""
     trainer = GRPOTrainer(pol, branch, GRPOConfig(guided_imitation=1.0))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evotrainer.records.calls import accepted, broke_passing_tests
 from evotrainer.records.numeric import mean
 from evotrainer.records.rollout import Rollout, last_steps
 
@@ -37,7 +38,7 @@ def episode_calls(r: Rollout) -> list[dict[str, Any]]:
 
 def valid_calls(r: Rollout) -> int:
     """Calls the environment accepted (a known tool with arguments it took)."""
-    return sum(1 for c in episode_calls(r) if c.get("name") and c.get("error") is None)
+    return sum(1 for c in episode_calls(r) if accepted(c))
 
 
 def edited(r: Rollout) -> bool:
@@ -57,9 +58,7 @@ def resolved(r: Rollout) -> bool:
 def broke_tests(r: Rollout) -> bool:
     """Its handed-in patch applied and a test that passed before it (PASS_TO_PASS) fails after: the
     vandalism a credit for any applied edit taught (a function's ``def`` line replaced by ``...``)."""
-    grade = r.hidden or r.visible
-    return bool(grade.get("patch_applied")) and any(
-        isinstance(t, dict) and not t.get("passed") for t in (grade.get("pass_to_pass") or {}).values())
+    return broke_passing_tests(r.hidden or r.visible)
 
 
 def progress(r: Rollout) -> bool:
@@ -72,7 +71,7 @@ def working_call_share(r: Rollout) -> float:
     side (``fitness/gates.py``): a submit-only episode makes one call, accepted, and scores 0 here,
     because handing in nothing is not a step toward a fix."""
     working = [c for c in episode_calls(r) if c.get("name") != "submit"]
-    return sum(1 for c in working if c.get("name") and c.get("error") is None) / len(working) if working else 0.0
+    return sum(1 for c in working if accepted(c)) / len(working) if working else 0.0
 
 
 def working_call_rate(rollouts: list[Rollout]) -> float | None:

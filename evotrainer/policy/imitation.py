@@ -7,31 +7,36 @@ under a resolution-only reward the policy cannot reach) gives them none. Imitati
 behaviour-cloning term on the calls the environment accepted, whatever their reward: rejection
 sampling's filter (keep what passed the check) applied to the guided samples, as in rejection-sampling
 fine-tuning (RFT; Yuan et al., 2023) and expert iteration (Anthony et al., 2017). Refused calls (an
-edit whose old text the file lacks) and the free members are never imitated.
+edit whose old text the file lacks) and the free members are never imitated, and neither are the edits
+of an episode whose patch broke a test that passed before it: the grammar makes a guided edit apply,
+not keep the module working (with any line to fill, every guided edit the 135M policy wrote broke a
+test), and cloning it would teach the vandalism the progress credit refuses to pay for. Only the
+training-visible grade is read (``visible``), as a harness would.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from evotrainer.records.calls import accepted, broke_passing_tests
 from evotrainer.records.rollout import Rollout
-
-
-def accepted(call: object) -> bool:
-    """A call record the environment took: a known tool with arguments it accepted (``error`` None)."""
-    return isinstance(call, dict) and bool(call.get("name")) and call.get("error") is None
 
 
 def imitation_mask(r: Rollout) -> list[int]:
     """1 on each sampled token of the turns of a guided episode whose call the environment accepted,
-    0 elsewhere (the length of ``r.completion_ids``). All 0 for a free episode or a single-turn rollout."""
+    0 elsewhere (the length of ``r.completion_ids``); an ``edit`` turn counts only when the episode's
+    patch broke no passing test. All 0 for a free episode or a single-turn rollout."""
     mask = [0] * len(r.completion_ids)
     if not (r.episode or {}).get("guided"):
         return mask
     sampled = r.sampled_mask()
+    vandal = broke_passing_tests(r.visible or {})
     for turn in r.turn_log:
         span = turn.get("span") if isinstance(turn, dict) else None
-        if not (isinstance(span, (list, tuple)) and len(span) == 2 and accepted(turn.get("tool_call"))):
+        call = turn.get("tool_call") if isinstance(turn, dict) else None
+        if not (isinstance(span, (list, tuple)) and len(span) == 2 and accepted(call)):
+            continue
+        if vandal and call.get("name") == "edit":
             continue
         start, end = max(0, int(span[0])), min(len(mask), int(span[1]))
         for i in range(start, end):
