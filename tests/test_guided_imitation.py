@@ -206,3 +206,25 @@ def test_the_knob_its_config_check_and_its_library_entry():
                                          Evidence(health_report=guided)).child_source)
     assert factors_changed(parent, child) == ["knob:guided_imitation"]
     assert child.knobs["guided_imitation"]["value"] == 1.0
+
+
+def test_selection_counts_a_group_that_imitated_as_one_with_a_gradient(episodes):
+    """train_live_groups (selection's last tie-break) is the share of groups that gave the update a
+    gradient: with every reward equal, the groups holding calls to imitate count only at a step that
+    imitated them; a reward difference counts either way."""
+    from evotrainer.loop.selection import groups_with_gradient
+
+    _, _, rollouts = episodes
+    dead = [type(r).from_dict(r.to_dict()) for r in rollouts]
+    for r in dead:
+        r.reward = 0.0
+    n_groups = len({(r.step, r.group) for r in dead})
+    with_calls = len({(r.step, r.group) for r in dead if any(imitation_mask(r))})
+    assert 0 < with_calls <= n_groups
+    imitated = [{"step": 0, "imitated_tokens": 12, "skipped": 0.0}]
+    assert groups_with_gradient(dead, imitated) == with_calls / n_groups
+    assert groups_with_gradient(dead, [{"step": 0, "skipped": 1.0}]) == 0.0     # no step imitated: all dead
+    assert groups_with_gradient(dead, [{"step": 0, "imitated_tokens": 12, "skipped": 1.0}]) == 0.0
+    dead[0].reward = 1.0                                                           # one group with a difference
+    assert groups_with_gradient(dead, []) == 1 / n_groups
+    assert groups_with_gradient([], imitated) is None

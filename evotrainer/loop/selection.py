@@ -18,6 +18,9 @@ from typing import Callable, Sequence
 from deap import base, tools
 
 from evotrainer.loop.diversity import diversify
+from evotrainer.policy.imitation import imitation_mask
+from evotrainer.records.numeric import is_dead, mean
+from evotrainer.records.rollout import Rollout, group_rollouts
 
 
 TIE_SCALE = 1e-6   # below the smallest step of an accuracy over fewer than a million rollouts
@@ -30,14 +33,29 @@ def rank_score(metrics: dict) -> float:
     draw (``selection_working_calls``, ``fitness/episodes.py``), scaled so it never outranks a
     resolution. The gate breaks the same tie the same way (``fitness/gates.py``).
 
-    A tie in both is broken by the share of the version's own training groups that carried a reward
-    difference (``train_live_groups``, episodes only): at equal held-out behaviour, a version whose
+    A tie in both is broken by the share of the version's own training groups that gave its update a
+    gradient (``train_live_groups``, episodes only: :func:`groups_with_gradient`): at equal held-out
+    behaviour, a version whose
     steps had a gradient can go on learning, while one whose every group was dead repeats itself
     under any continuation. Scaled below the working calls. Its guard is validity, as for the gate's
     tie-break: a reward that rises on form while progress does not makes the branch invalid
     (``episode_progress``), and an invalid version is never selected."""
     return ((metrics.get("selection_accuracy") or 0.0) + TIE_SCALE * (metrics.get("selection_working_calls") or 0.0)
             + SIGNAL_SCALE * (metrics.get("train_live_groups") or 0.0))
+
+
+def groups_with_gradient(train: Sequence[Rollout], steps: Sequence[dict]) -> float | None:
+    """The share of a version's training groups that gave its update a gradient (``train_live_groups``):
+    a reward difference between members, or, at a step that imitated guided calls (``guided_imitation``:
+    ``imitated_tokens`` in its step record), a member with accepted guided calls to imitate. Imitation
+    trains a group whose members all earned the same reward; counted as dead, a guided child that
+    learned every step tied a version that never moved. None without a scored group."""
+    imitating = {m.get("step") for m in steps if not m.get("skipped") and (m.get("imitated_tokens") or 0) > 0}
+    groups = [g.rollouts for g in group_rollouts(train) if all(r.reward is not None for r in g.rollouts)]
+    if not groups:
+        return None
+    return mean([not is_dead([r.reward for r in g])
+                 or (g[0].step in imitating and any(any(imitation_mask(r)) for r in g)) for g in groups])
 
 
 class _Fitness(base.Fitness):

@@ -28,6 +28,7 @@ from evotrainer.loop.crash import crash_point
 from evotrainer.loop.merging import start_adapter
 from evotrainer.loop.progress import NullProgress
 from evotrainer.loop.runtime import Runtime
+from evotrainer.loop.selection import groups_with_gradient
 from evotrainer.policy.collect import CollectJob, collect_many, default_prompt, prompt_fn, shares_batches, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.episodes import sampled_token_budget
@@ -335,8 +336,8 @@ def _record_verification(exp: Experiment, vid: str, heldout: list, verify_second
     working = working_call_rate(selection)
     if working is not None:   # episodes: what breaks a tie in selection_accuracy (loop/selection.py)
         meta.metrics["selection_working_calls"] = working
-        dead = report.engine.get("dead_group_ratio")
-        if dead is not None:  # and then a tie in both: the share of its groups that had a gradient
-            meta.metrics["train_live_groups"] = 1.0 - dead
+        live = groups_with_gradient(train, vd.steps())
+        if live is not None:  # and then a tie in both: the share of its groups that had a gradient
+            meta.metrics["train_live_groups"] = live
     meta.status = "verified"
     vd.save_meta(meta)
