@@ -329,15 +329,24 @@ def alerts(metrics, history):
         add("giving_up", "critical" if (blind or 0.0) > 0.8 or turns_now < 1.5 else "warning",
             f"{turns_now:.1f} turns per episode; {blind or 0.0:.0%} of episodes submit without an edit",
             "the tasks are too hard or submitting is too cheap: an easier curriculum, or no reward for an empty patch")
-    fails = metrics.get("tool_failure_rate")
+    fails, malformed = metrics.get("tool_failure_rate"), metrics.get("malformed_call_rate") or 0.0
+    # Calls the environment cannot read reach no tool, so no episode can edit, test or earn anything:
+    # the cause to answer first, by guiding some calls through the call grammar (the knobs named here).
+    unread = malformed > 0.5
     if fails is not None and fails > 0.3:
         add("tool_failures", "critical" if fails > 0.6 else "warning",
-            f"{fails:.0%} of tool calls failed (malformed: {metrics.get('malformed_call_rate', 0.0):.0%})",
+            f"{fails:.0%} of tool calls failed (malformed: {malformed:.0%})",
+            ("decode part of each group under the call grammar (guided_call_share, or guided_plan_share for "
+             "the plan a fix takes), " if unread else "") +
             "show a worked tool call in the prompt, or add a small reward for well-formed calls")
     dead = metrics.get("dead_group_ratio")
     if dead is not None and dead > 0.5:
         add("insufficient_signal", "critical" if dead > 0.8 else "warning",
-            f"{dead:.0%} of groups have no reward variance (dead groups)",
+            f"{dead:.0%} of groups have no reward variance (dead groups)" +
+            (f"; {malformed:.0%} of calls are malformed, so no episode reaches a tool that could earn reward"
+             if unread else ""),
+            "first make calls reach the tools (guided_call_share or guided_plan_share): an easier curriculum or "
+            "larger groups cannot revive groups whose every call is malformed" if unread else
             "an easier curriculum (level 1 first), larger groups, or a denser reward (visible tests passed)")
     logprob = metrics.get("mean_logprob")
     if logprob is not None and logprob > -0.05:

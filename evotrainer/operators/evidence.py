@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+# How much likelier a no-LLM operator is to draw a change the report's alerts name (a knob written in an
+# alert's message or suggestion): the diagnosis points at it, and a critical alert's pointer most of all,
+# since a critical failure (every tool call malformed) blocks every other change from showing an effect.
+NAMED_WEIGHT = {"critical": 9.0, "warning": 3.0, "info": 3.0}
 
 
 @dataclass
@@ -28,6 +34,14 @@ class Evidence:
     def alerts(self) -> list[dict[str, Any]]:
         alerts = self.health_report.get("alerts") or self.health_report.get("findings") or []
         return [a if isinstance(a, dict) else {"message": str(a)} for a in alerts]
+
+    def named_weight(self, name: str) -> float:
+        """The draw weight the alerts give ``name`` (a knob): ``NAMED_WEIGHT`` of the most severe alert
+        whose text names it as a whole word, 1 when none does."""
+        pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name.lower())}(?![A-Za-z0-9_])")
+        weights = [NAMED_WEIGHT.get(str(a.get("severity")), NAMED_WEIGHT["info"]) for a in self.alerts()
+                   if pattern.search(" ".join(str(v) for v in a.values()).lower())]
+        return max(weights, default=1.0)
 
     def summary(self) -> dict[str, Any]:
         """What an intervention records as the evidence it used (small, JSON-able)."""

@@ -147,11 +147,9 @@ class KnobOperator:
                 or "range" in knobs[n] and knobs[n]["range"][0] != knobs[n]["range"][1]]
 
     def _choose_knob(self, names: list[str], evidence: Evidence) -> str:
-        """Knobs that the health report's alerts mention are three times as likely to be chosen:
-        the diagnosis points at them."""
-        text = " ".join(str(a) for a in evidence.alerts()).lower()
-        weights = [3.0 if n.lower() in text else 1.0 for n in names]
-        return self.rng.choices(names, weights=weights)[0]
+        """Knobs that the health report's alerts name are likelier to be chosen (``Evidence.named_weight``:
+        3 times, 9 for a critical alert): the diagnosis points at them."""
+        return self.rng.choices(names, weights=[evidence.named_weight(n) for n in names])[0]
 
     def _param_name(self, knob: str, dist: BaseDistribution) -> str:
         """The knob's name in the study; a knob whose distribution changed (an evolved range) gets

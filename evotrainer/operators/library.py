@@ -162,9 +162,12 @@ class LibraryOperator:
         """Each entry's weight in this proposal's draw: its own (learned in the run), times 1 + the
         confirmations of the skills that name it and fire on this report (this run's and earlier
         runs', summed), so a change a gate confirmed before is tried sooner where it applies again; a skill
-        never confirmed (a seeded library entry) adds nothing."""
+        never confirmed (a seeded library entry) adds nothing. An entry that moves a knob the report's
+        alerts name weighs ``Evidence.named_weight`` times more, as in the knobs operator's draw."""
         confirmed = confirmed_entries(evidence)
-        return {e: w * (1 + confirmed.get(e, 0)) for e, w in self.weights.items()}
+        knob = {e.id: e.move.knob for e in self.entries if e.move is not None}
+        return {e: w * (1 + confirmed.get(e, 0)) * (evidence.named_weight(knob[e]) if e in knob else 1.0)
+                for e, w in self.weights.items()}
 
     def remember(self, parent: HarnessProgram, child_hash: str) -> None:
         self._proposed.add((parent.hash, child_hash))
