@@ -115,3 +115,21 @@ def test_commands_work_through_the_cli_once_plugged(dirs, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["engine"]["train_rollouts"] == 24
     assert cli.main(["gate", str(dirs["leaky"]), "--parent", str(dirs["honest"])]) == 1
     assert "INVALID" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rates, says", [
+    ({"train_valid_call_rate": 0.9, "train_progress_rate": 0.0}, ["late episodes"]),
+    # greedy held-out episodes reread one file, well formed, while sampled training calls are malformed
+    ({"train_valid_call_rate": 0.2, "train_progress_rate": 0.0,
+      "heldout_valid_call_rate": 0.96, "heldout_progress_rate": 0.0}, ["held-out episodes"]),
+    ({"train_valid_call_rate": 0.9, "train_progress_rate": 0.0,
+      "heldout_valid_call_rate": 0.9, "heldout_progress_rate": 0.0}, ["late episodes", "held-out episodes"]),
+    ({"heldout_valid_call_rate": 0.9, "heldout_progress_rate": 0.2}, []),      # the calls go somewhere
+    ({"train_valid_call_rate": 0.3, "train_progress_rate": 0.0}, []),          # mostly malformed: another alert's
+])
+def test_calls_without_progress_reads_both_splits(rates, says):
+    from evotrainer.fitness.engine_metrics import engine_alerts
+    found = [a for a in engine_alerts(rates) if a["name"] == "calls_without_progress"]
+    assert len(found) == (1 if says else 0)
+    for where in says:
+        assert where in found[0]["message"] and found[0]["source"] == "engine"

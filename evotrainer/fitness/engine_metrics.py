@@ -96,11 +96,15 @@ def engine_alerts(m: dict[str, float | None]) -> list[dict[str, Any]]:
         add("train_heldout_divergence", "critical",
             f"training correctness exceeds held-out accuracy by {gap:.2f} (> {DIVERGENCE})",
             "look for a shortcut only training prompts offer (leaked answers, environment state); fix the environment")
-    calls, moved = m.get("train_valid_call_rate"), m.get("train_progress_rate")
-    if calls is not None and moved is not None and calls > 0.5 and moved < 0.05:
-        add("calls_without_progress", "warning",
-            f"{calls:.0%} of the late episodes' tool calls are well formed, yet {moved:.0%} of them edit a file, run "
-            "the tests or resolve the issue",
+    # Either split: greedy held-out episodes can make well-formed calls that go nowhere (reread one file)
+    # while the sampled training episodes' calls are still mostly malformed, and the reverse.
+    idle = [f"{calls:.0%} of the {who}' tool calls are well formed, yet {moved:.0%} of them edit a file, run the "
+            "tests or resolve the issue"
+            for split, who in (("train", "late episodes"), ("heldout", "held-out episodes"))
+            if (calls := m.get(f"{split}_valid_call_rate")) is not None
+            and (moved := m.get(f"{split}_progress_rate")) is not None and calls > 0.5 and moved < 0.05]
+    if idle:
+        add("calls_without_progress", "warning", "; ".join(idle),
             "the policy calls tools for their own sake: reward progress (an edit, a test run), not the calls")
     delta = m.get("heldout_delta")
     if delta is not None and delta < -0.1:
