@@ -346,7 +346,7 @@ def alerts(metrics, history):
             (f"; {malformed:.0%} of calls are malformed, so no episode reaches a tool that could earn reward"
              if unread else ""),
             "first make calls reach the tools (guided_call_share or guided_plan_share): an easier curriculum or "
-            "larger groups cannot revive groups whose every call is malformed" if unread else
+            "larger groups cannot revive groups whose calls reach no tool" if unread else
             "an easier curriculum (level 1 first), larger groups, or a denser reward (visible tests passed)")
     logprob = metrics.get("mean_logprob")
     if logprob is not None and logprob > -0.05:
