@@ -14,7 +14,7 @@ from evotrainer.records.version import VersionDir
 from evotrainer.records.scores import heldout_accuracy as accuracy
 from evotrainer.fitness.cache import write_version
 from evotrainer.cli.fitness import register
-from evotrainer.fitness.engine_metrics import outcome_flow
+from evotrainer.fitness.engine_metrics import engine_alerts, outcome_flow
 from evotrainer.fitness.health import SEVERITY_RANK, health_report
 from evotrainer.testing.planted import planted_leak_scenario
 from evotrainer.records.rollout import Rollout, group_rollouts
@@ -128,7 +128,6 @@ def test_commands_work_through_the_cli_once_plugged(dirs, monkeypatch, capsys):
     ({"train_valid_call_rate": 0.3, "train_progress_rate": 0.0}, []),          # mostly malformed: another alert's
 ])
 def test_calls_without_progress_reads_both_splits(rates, says):
-    from evotrainer.fitness.engine_metrics import engine_alerts
     found = [a for a in engine_alerts(rates) if a["name"] == "calls_without_progress"]
     assert len(found) == (1 if says else 0)
     for where in says:

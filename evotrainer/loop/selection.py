@@ -36,9 +36,9 @@ def rank_score(metrics: dict) -> float:
     A tie in both is broken by the share of the version's own training groups that gave its update a
     gradient (``train_live_groups``, episodes only: :func:`groups_with_gradient`): at equal held-out
     behaviour, a version whose steps had a gradient can go on learning, while one whose every group
-    was dead repeats itself under any continuation. Scaled below the working calls. Its guard is validity, as for the gate's
-    tie-break: a reward that rises on form while progress does not makes the branch invalid
-    (``episode_progress``), and an invalid version is never selected."""
+    was dead repeats itself under any continuation. Scaled below the working calls. Its guard is
+    validity, as for the gate's tie-break: a reward that rises on form while progress does not makes
+    the branch invalid (``episode_progress``), and an invalid version is never selected."""
     return ((metrics.get("selection_accuracy") or 0.0) + TIE_SCALE * (metrics.get("selection_working_calls") or 0.0)
             + SIGNAL_SCALE * (metrics.get("train_live_groups") or 0.0))
 
