@@ -237,8 +237,8 @@ def test_weights_steer_the_draw_and_an_exhausted_entry_is_skipped():
         LibraryOperator(weights={"no_such_entry": 1.0})
 
 
-def test_no_entry_fires_without_metrics_and_a_broken_parent_is_an_input_error():
-    with pytest.raises(OperatorError, match="no library entry fires") as err:
+def test_an_empty_report_and_a_broken_parent_are_input_errors():
+    with pytest.raises(OperatorError, match="holds no health report") as err:   # not "no trigger holds"
         get_operator("library").propose([reference()], Evidence(health_report={"metrics": {}}))
     assert err.value.kind == "input"
     broken = reference().with_source("KNOBS = {'temperature': {'value': 9.0, 'range': [0.3, 1.5]}}\n")

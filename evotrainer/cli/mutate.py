@@ -22,7 +22,7 @@ from evotrainer.cli.errors import number
 from evotrainer.config import ConfigError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.operators.base import OperatorError
-from evotrainer.operators.evidence import Evidence
+from evotrainer.operators.evidence import Evidence, evidence_shape
 from evotrainer.operators.llm_client import proposal_deadline
 
 LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair", "llm_choice")
@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="the parent harness file")
     p.add_argument("--operator", default="llm_diff", help="operator name (built-in, registered or plugin)")
-    p.add_argument("--evidence", help="JSON file: a health report, or {health_report, skills, history, known_hashes}")
+    p.add_argument("--evidence", help="JSON file: a health report (a version's health.json), or "
+                                        "{health_report, skills, history, known_hashes}")
     p.add_argument("--second-parent", help="second parent harness file (crossover operators)")
     p.add_argument("--failed-child", help="llm_repair: the child harness file that failed")
     p.add_argument("--failure", help="llm_repair: the error text it failed with")
@@ -63,9 +64,13 @@ def read_evidence(path: str) -> Evidence:
     if not isinstance(data, dict):
         raise ConfigError(f"--evidence {path}: expected a JSON object (a health report, or "
                           f"{{health_report, skills, history, known_hashes}}), got a {type(data).__name__}")
-    wrapped = "health_report" in data or bool({"skills", "history", "known_hashes", "gaps"} & data.keys())
-    report = data.get("health_report") if wrapped else data
-    problems = _shape_problems(report, data if wrapped else {})
+    shape = evidence_shape(data)
+    if shape is None:
+        raise ConfigError(f"--evidence {path}: neither a health report (a version's health.json: fields such as "
+                          f"'metrics', 'engine', 'alerts') nor an evidence wrapper (a field 'health_report', "
+                          f"beside 'skills', 'history', 'known_hashes'); its fields: {', '.join(sorted(data)) or 'none'}")
+    wrapped = shape == "wrapper"
+    problems = _shape_problems(data.get("health_report") if wrapped else data, data if wrapped else {})
     if problems:
         raise ConfigError(f"--evidence {path}: " + "; ".join(problems))
     return Evidence.from_dict(data)

@@ -53,10 +53,24 @@ class Evidence:
             **({"failure": self.failure[:500]} if self.failure else {}),
         }
 
+    def has_report(self) -> bool:
+        """Whether there is a report to diagnose: metrics or alerts an operator can read."""
+        r = self.health_report
+        return bool(r.get("metrics") or r.get("engine") or r.get("harness_metrics") or self.alerts())
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Evidence:
-        """Evidence from a JSON file: either a bare health report or ``{"health_report": ...}``."""
-        if "health_report" not in d and not {"skills", "history", "known_hashes"} & d.keys():
+        """Evidence from a JSON file: a bare health report (as ``health.json`` holds it) or the wrapper
+        ``{"health_report": ..., "skills": ..., "history": ...}``; ``ValueError`` for anything else.
+
+        The wrapper is told by its ``health_report`` field alone: a real report has fields of the same
+        names as the wrapper's (its ``history`` is the per-step metrics), so those cannot tell them apart."""
+        shape = evidence_shape(d)
+        if shape is None:
+            raise ValueError(f"neither a health report (no field of {', '.join(sorted(REPORT_FIELDS))}) nor "
+                             "an evidence wrapper (no field 'health_report'); got fields "
+                             f"{', '.join(sorted(d)) or 'none'}")
+        if shape == "report":
             return cls(health_report=d)
         return cls(health_report=d.get("health_report") or {}, skills=list(d.get("skills") or []),
                    history=list(d.get("history") or []), known_hashes=set(d.get("known_hashes") or []),
@@ -65,3 +79,15 @@ class Evidence:
                    allow_multi_factor=bool(d.get("allow_multi_factor", False)),
                    adapter_trained=d.get("adapter_trained"),
                    failed_source=d.get("failed_source"), failure=d.get("failure"))
+
+
+# A health report's own fields (``HealthReport.to_dict`` writes all of them; a hand-written report has
+# at least its metrics or alerts).
+REPORT_FIELDS = frozenset({"metrics", "engine", "harness_metrics", "alerts", "findings", "validity", "genome_hash"})
+
+
+def evidence_shape(d: dict[str, Any]) -> str | None:
+    """``"wrapper"`` (it has ``health_report``), ``"report"`` (a report's own fields), or None."""
+    if "health_report" in d:
+        return "wrapper"
+    return "report" if REPORT_FIELDS & d.keys() else None

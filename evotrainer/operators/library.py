@@ -182,6 +182,11 @@ class LibraryOperator:
         if not parents:
             raise OperatorError("the library operator needs a parent", "input")
         parent = parents[0]
+        if self.diagnose and not evidence.has_report() and not evidence.skills:
+            # Every trigger reads the report: with none, "no trigger holds" would describe a report never read.
+            raise OperatorError("the evidence holds no health report (no metrics or alerts) to diagnose: give "
+                                "the parent's health report (a version's health.json), or use random_library, "
+                                "which draws entries without one", "input")
         try:
             found, skipped = self.applicable(parent, evidence)
         except GenomeError as err:   # a parent whose KNOBS or hooks cannot be read offers nothing to edit

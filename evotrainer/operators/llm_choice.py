@@ -139,8 +139,8 @@ class LLMChoiceOperator(LLMOperator):
         except GenomeError as err:   # a parent whose KNOBS or hooks cannot be read offers nothing to choose
             raise OperatorError(f"cannot read the parent: {err}", "input") from err
         if not fired and not knobs:
-            raise OperatorError("no library entry fires on this health report and the parent has no tunable knob",
-                                "input")
+            about = "this health report" if evidence.has_report() else "an empty health report (none was given)"
+            raise OperatorError(f"no library entry fires on {about} and the parent has no tunable knob", "input")
         schema = choice_schema(fired, knobs)
         messages = prompts.choice_messages(evidence, fired, {k: parent.knobs[k] for k in knobs}, knobs)
         c = self._ask_json(messages, schema)
