@@ -179,6 +179,62 @@ def backfill_episode_rates(results: dict[str, list[dict]], root: Path) -> None:
                 r["episode_scores"] = rates
 
 
+def run_mode(config: str, mode: str, protocol: str, seed: int, steps: int, run_dir: Path, model: str | None = None,
+             steps_per_generation: int | None = None, eval_size: int | None = None, sets: list[str] = (),
+             test: bool = True) -> dict:
+    """One full run of the loop in ``mode`` under ``protocol`` (total: ``steps`` training steps in all;
+    depth: the pick's lineage trains ``steps``), and its result row (the pick, its held-out and test
+    scores, steps, wall time; ``_exp`` is the finished experiment, for the caller to drop)."""
+    cfg = load_config(config)
+    cfg.seed, cfg.evolution.mode = seed, mode
+    cfg.evolution.budget.wall_time_s = None
+    cfg.evolution.user_skills = False
+    if mode == "reference":
+        cfg.evolution.population_size = 1
+    if model:
+        cfg.model = model
+    if steps_per_generation:
+        cfg.evolution.steps_per_generation = steps_per_generation
+    if eval_size:
+        cfg.train.eval_size = eval_size
+    for item in sets:
+        override(cfg, item)
+    if protocol == "total":
+        cfg.evolution.budget.train_steps = steps
+        cfg.evolution.generations = 1000  # the step budget ends every run
+    else:   # depth: the pick's lineage trains --steps steps; exploration is extra
+        k = cfg.evolution.steps_per_generation
+        if steps % k:
+            raise SystemExit(f"--steps {steps} is not a multiple of steps_per_generation {k}")
+        cfg.evolution.budget.train_steps = None
+        cfg.evolution.generations = steps // k
+        if cfg.evolution.exploit_share is None:
+            cfg.evolution.exploit_share = 0.5
+    cfg.run_dir = str(run_dir)
+    exp = Experiment(cfg)
+    exp.run()
+    best, best_dir = best_version(exp)
+    started = best.id == "start"   # every trained version ranked below the untrained model
+    scores = by_seed(task_scores(best_dir.rollouts("heldout")))
+    selection = best.metrics.get("selection_accuracy", best.metrics["heldout_accuracy"])
+    row = {"seed": seed, "run_dir": cfg.run_dir, "best": best.id, "heldout": selection,
+           "gate_heldout": best.metrics["heldout_accuracy"],
+           "scores": scores, "lineage_steps": 0 if started else lineage_steps(exp, best.id),
+           "train_steps": exp.state.budget_used.get("train_steps", 0), "stop_reason": exp.state.stop_reason,
+           "versions": len(exp.versions()), **timing(exp)}
+    if mode != "reference":
+        row["children"] = children(exp)
+        row["lineage"] = [] if started else lineage(exp, best.id)
+    if test:
+        row["test_scores"] = (by_seed(task_scores(best_dir.rollouts("test"))) if started
+                              else test_scores(exp, best.id))
+        row["test"] = mean_score(row["test_scores"])
+        if (rates := episode_rates(best_dir.rollouts("test"))) is not None:
+            row["episode_scores"] = rates
+    row["_exp"] = exp
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="examples/quickstart.yaml")
@@ -227,57 +283,15 @@ def main() -> None:
                 print(f"{name:>13} seed {seed}: the reference@total run (one lineage of {args.steps} steps in both "
                       "protocols)", flush=True)
                 continue
-            cfg = load_config(args.config)
-            cfg.seed, cfg.evolution.mode = seed, mode
-            cfg.evolution.budget.wall_time_s = None
-            cfg.evolution.user_skills = False
-            if mode == "reference":
-                cfg.evolution.population_size = 1
-            if args.model:
-                cfg.model = args.model
-            if args.steps_per_generation:
-                cfg.evolution.steps_per_generation = args.steps_per_generation
-            if args.eval_size:
-                cfg.train.eval_size = args.eval_size
-            for item in args.set:
-                override(cfg, item)
-            if protocol == "total":
-                cfg.evolution.budget.train_steps = args.steps
-                cfg.evolution.generations = 1000  # the step budget ends every run
-            else:   # depth: the pick's lineage trains --steps steps; exploration is extra
-                k = cfg.evolution.steps_per_generation
-                if args.steps % k:
-                    raise SystemExit(f"--steps {args.steps} is not a multiple of steps_per_generation {k}")
-                cfg.evolution.budget.train_steps = None
-                cfg.evolution.generations = args.steps // k
-                if cfg.evolution.exploit_share is None:
-                    cfg.evolution.exploit_share = 0.5
-            cfg.run_dir = str(root / f"{args.label or mode}-{protocol}-s{seed}")
-            exp = Experiment(cfg)
-            exp.run()
-            best, best_dir = best_version(exp)
-            started = best.id == "start"   # every trained version ranked below the untrained model
-            scores = by_seed(task_scores(best_dir.rollouts("heldout")))
-            selection = best.metrics.get("selection_accuracy", best.metrics["heldout_accuracy"])
-            row = {"seed": seed, "run_dir": cfg.run_dir, "best": best.id, "heldout": selection,
-                   "gate_heldout": best.metrics["heldout_accuracy"],
-                   "scores": scores, "lineage_steps": 0 if started else lineage_steps(exp, best.id),
-                   "train_steps": exp.state.budget_used.get("train_steps", 0), "stop_reason": exp.state.stop_reason,
-                   "versions": len(exp.versions()), **timing(exp)}
-            if mode != "reference":
-                row["children"] = children(exp)
-                row["lineage"] = [] if started else lineage(exp, best.id)
-            if not args.no_test:
-                row["test_scores"] = (by_seed(task_scores(best_dir.rollouts("test"))) if started
-                                      else test_scores(exp, best.id))
-                row["test"] = mean_score(row["test_scores"])
-                if (rates := episode_rates(best_dir.rollouts("test"))) is not None:
-                    row["episode_scores"] = rates
+            row = run_mode(args.config, mode, protocol, seed, args.steps, root / f"{args.label or mode}-{protocol}-s{seed}",
+                           model=args.model, steps_per_generation=args.steps_per_generation,
+                           eval_size=args.eval_size, sets=args.set, test=not args.no_test)
+            exp = row.pop("_exp")
             results.setdefault(name, []).append(row)
             if done:
                 done.write_text(json.dumps({"args": vars(args), "base_test": None, "results": results}, indent=2))
             test = f" test {row['test']:.3f}," if "test" in row else ""
-            print(f"{name:>13} seed {seed}: best {best.id} held-out {row['heldout']:.3f},{test} {row['versions']} versions, "
+            print(f"{name:>13} seed {seed}: best {row['best']} held-out {row['heldout']:.3f},{test} {row['versions']} versions, "
                   f"{row['lineage_steps']} steps on its lineage, "
                   f"wall {row['wall_s']:.0f} s, overhead {row['overhead_share']:.1%} ("
                   + ", ".join(f"{k} {v:.1f}" for k, v in row["overhead_parts_s"].items()) + " s)", flush=True)

@@ -1,0 +1,216 @@
+"""The benchmark suite: `evolve` as shipped against `reference` and `random-library`, on settings where
+the recipe learns and where it fails, fixed in this file before it runs.
+
+Each setting is a config in ``benchmarks/configs/suite/`` (domain, model, recipe; no evolution section,
+so ``evolve`` and ``random-library`` run the default search) and a budget of total training steps. Every
+mode of a setting runs the same seeds at equal total training steps; each run is a full loop whose final
+pick is verified on the setting's test split, drawn with ``DOMAIN_SEED`` so that no earlier benchmark
+looked at it. Nothing in a run sees the test split.
+
+    python benchmarks/suite.py run                        # everything not yet run, seed by seed
+    python benchmarks/suite.py run --settings math-learns --seeds 0,1
+    python benchmarks/suite.py summary                    # suite_summary.json and the README's table
+
+Raw output: one JSON per setting in ``benchmarks/results/suite/`` (each run's row as it finishes, so a
+stopped suite resumes where it was, with the commit and config hash of the code that ran it, and every
+variant scored on that test split). ``summary`` writes ``benchmarks/results/suite_summary.json``: per
+setting and pooled over settings x seeds, each delta with a 90% interval that resamples seeds, then
+tasks within them (``evotrainer.fitness.seed_stats``), beside the per-seed deltas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+CONFIGS = ROOT / "benchmarks" / "configs" / "suite"
+RESULTS = ROOT / "benchmarks" / "results" / "suite"
+SUMMARY = ROOT / "benchmarks" / "results" / "suite_summary.json"
+MODES = ("reference", "evolve", "random-library")
+# A domain seed no earlier benchmark drew its splits with (they all used 0): fresh test draws.
+DOMAIN_SEED = 46
+
+
+@dataclass(frozen=True)
+class Setting:
+    config: str          # in CONFIGS
+    steps: int           # total training steps of every run (equal total steps)
+    seeds: tuple[int, ...]
+    why: str             # what the setting stands for
+
+
+SETTINGS: dict[str, Setting] = {
+    "math-learns": Setting("math_learns.yaml", 32, tuple(range(5)),
+                           "math levels 2-3, the recipe learns (lr 5e-4, 32 tokens)"),
+    "math-dead": Setting("math_dead.yaml", 32, tuple(range(5)),
+                         "math levels 4-5: most groups dead under the recipe"),
+    "math-misfit-lr": Setting("math_misfit_lr.yaml", 32, tuple(range(5)),
+                              "math levels 2-3 at lr 1e-6 (TRL's default): the recipe cannot move a LoRA adapter"),
+    "code-2": Setting("code_2.yaml", 16, tuple(range(5)), "code level 2 (generated functions with tests)"),
+    "code-humaneval": Setting("code_humaneval.yaml", 16, tuple(range(5)),
+                              "HumanEval (code level 4): the hard code level, 88 test problems"),
+    "swe-1": Setting("swe_1.yaml", 16, tuple(range(3)),
+                     "SWE level 1: one-token bugs in small repositories, tool episodes"),
+}
+
+
+def git_commit() -> str:
+    """HEAD, with ``+dirty`` when tracked files differ from it (then the row is not reproducible)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "evotrainer", "benchmarks/configs"],
+                           cwd=ROOT).returncode
+    return head + ("+dirty" if dirty else "")
+
+
+def setting_config(name: str):
+    """The setting's config as every run of it starts (the suite's domain seed set)."""
+    from evotrainer.config import load_config
+
+    cfg = load_config(CONFIGS / SETTINGS[name].config)
+    cfg.domain.seed = DOMAIN_SEED
+    return cfg
+
+
+def config_hash(name: str) -> str:
+    """What a run's results depend on besides the code and the seed: the setting's config and budget."""
+    cfg = setting_config(name).model_dump(mode="json")
+    cfg.pop("run_dir", None)
+    cfg.pop("seed", None)
+    blob = json.dumps({"config": cfg, "steps": SETTINGS[name].steps}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def results_path(name: str) -> Path:
+    return RESULTS / f"{name}.json"
+
+
+def load(name: str) -> dict:
+    p = results_path(name)
+    if p.exists():
+        return json.loads(p.read_text())
+    s = SETTINGS[name]
+    return {"setting": name, "why": s.why, "config": f"benchmarks/configs/suite/{s.config}", "steps": s.steps,
+            "domain_seed": DOMAIN_SEED, "protocol": "equal total training steps", "runs": {},
+            "scored_on_test": []}
+
+
+def save(name: str, data: dict) -> None:
+    """Atomically: a stopped suite never leaves a half-written file, and rows already there stay."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tmp = results_path(name).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, results_path(name))
+
+
+class SplitError(ValueError):
+    """A setting whose test split repeats tasks: it is not run."""
+
+
+def test_split_check(name: str, out: Path) -> dict:
+    """The setting's test split, distinct tasks only, and the untrained model's score on it."""
+    from compare_modes import episode_rates
+    from evotrainer.loop.experiment import Experiment
+    from evotrainer.policy.collect import verify
+    from evotrainer.records.scores import by_seed, task_scores
+
+    cfg = setting_config(name)
+    cfg.run_dir = str(out / name / "untrained")
+    exp = Experiment(cfg)
+    rt, tc = exp.runtime, exp.cfg.train
+    tasks = rt.domain.tasks("test")
+    distinct = len({(t.prompt, t.answer) for t in tasks})
+    if distinct < len(tasks):
+        raise SplitError(f"{name}: the test split holds {len(tasks)} tasks but only {distinct} distinct ones; "
+                         "a rate over repeated tasks is not a rate: lower domain.n_test in "
+                         f"{CONFIGS / SETTINGS[name].config} or grow the domain's generator")
+    t0 = time.perf_counter()
+    rollouts = verify(rt.engine, rt.domain, tasks, None, max_new_tokens=tc.eval_max_new_tokens,
+                      temperature=tc.eval_temperature, seeds=tc.eval_seeds)
+    scores = by_seed(task_scores(rollouts))
+    out_ = {"n_test": len(tasks), "distinct_prompts": distinct, "test_scores": scores,
+            "test": sum(v for vs in scores.values() for v in vs) / sum(len(vs) for vs in scores.values()),
+            "wall_s": time.perf_counter() - t0}
+    if (rates := episode_rates(rollouts)) is not None:
+        out_["episode_scores"] = rates
+    return out_
+
+
+def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path) -> None:
+    """Every (setting, seed, mode) not yet in its results file, seed-major across settings, so that a
+    stopped suite holds paired seeds of every setting rather than every seed of one."""
+    from compare_modes import run_mode
+
+    order = [(seed, name, mode) for seed in range(max(len(SETTINGS[n].seeds) for n in names))
+             for name in names for mode in modes]
+    refused: dict[str, str] = {}
+    for index, name, mode in order:
+        s = SETTINGS[name]
+        if name in refused or index >= len(s.seeds) or (seeds is not None and s.seeds[index] not in seeds):
+            continue
+        seed = s.seeds[index]
+        data = load(name)
+        if any(r["seed"] == seed for r in data["runs"].get(mode, [])):
+            continue
+        if "untrained" not in data:
+            print(f"{name}: the untrained model on the test split", flush=True)
+            try:
+                data["untrained"] = test_split_check(name, out)
+            except SplitError as err:
+                refused[name] = str(err)
+                print(f"not run: {err}", flush=True)
+                continue
+            save(name, data)
+        started = time.time()
+        cfg_path = str(CONFIGS / s.config)
+        row = run_mode(cfg_path, mode, "total", seed, s.steps, out / name / f"{mode}-s{seed}",
+                       sets=[f"domain.seed={DOMAIN_SEED}"])
+        row.pop("_exp")
+        row.update(commit=git_commit(), config_hash=config_hash(name), started=started)
+        data = load(name)            # re-read: another process may have added a row meanwhile
+        data["runs"].setdefault(mode, []).append(row)
+        variant = {"variant": mode, "commit": row["commit"], "config_hash": row["config_hash"]}
+        if variant not in data["scored_on_test"]:
+            data["scored_on_test"].append(variant)
+        save(name, data)
+        print(f"{name} {mode} seed {seed}: test {row['test']:.3f} (untrained {data['untrained']['test']:.3f}), "
+              f"pick {row['best']} of {row['versions']} versions, {row['lineage_steps']} steps on its lineage, "
+              f"wall {row['wall_s']:.0f} s", flush=True)
+    for name, why in refused.items():
+        print(f"not run: {why}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run what is missing (resumes)")
+    r.add_argument("--settings", default=",".join(SETTINGS), help=f"of {', '.join(SETTINGS)}")
+    r.add_argument("--seeds", default=None, help="only these seeds (default: each setting's own)")
+    r.add_argument("--modes", default=",".join(MODES))
+    r.add_argument("--out", default="runs/suite", help="run directories (kept: the rows name them)")
+    sub.add_parser("summary", help="write suite_summary.json and the README's table from the raw results")
+    args = ap.parse_args()
+    if args.command == "run":
+        names = args.settings.split(",")
+        unknown = [n for n in names if n not in SETTINGS]
+        if unknown:
+            raise SystemExit(f"--settings: unknown {unknown}; the suite's settings are {', '.join(SETTINGS)}")
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+        run(names, seeds, args.modes.split(","), Path(args.out))
+    else:
+        from suite_summary import write_summary
+
+        write_summary()
+
+
+if __name__ == "__main__":
+    main()
