@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 CONFIGS = ROOT / "benchmarks" / "configs" / "suite"
 RESULTS = ROOT / "benchmarks" / "results" / "suite"
-SUMMARY = ROOT / "benchmarks" / "results" / "suite_summary.json"
 MODES = ("reference", "evolve", "random-library")
 # A domain seed no earlier benchmark drew its splits with (they all used 0): fresh test draws.
 DOMAIN_SEED = 46
@@ -72,58 +71,73 @@ def git_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def setting_config(name: str):
+@dataclass(frozen=True)
+class Options:
+    """What a suite invocation changes for smoke runs (the suite itself runs with none of it)."""
+    results: Path = RESULTS
+    model: str | None = None
+    sets: tuple[str, ...] = ()
+    steps: int | None = None
+
+    def overrides(self) -> list[str]:
+        return [f"domain.seed={DOMAIN_SEED}", *([f"model={self.model}"] if self.model else []), *self.sets]
+
+
+def setting_config(name: str, opts: Options = Options()):
     """The setting's config as every run of it starts (the suite's domain seed set)."""
+    from compare_modes import override
     from evotrainer.config import load_config
 
     cfg = load_config(CONFIGS / SETTINGS[name].config)
-    cfg.domain.seed = DOMAIN_SEED
+    for item in opts.overrides():
+        override(cfg, item)
     return cfg
 
 
-def config_hash(name: str) -> str:
+def steps_of(name: str, opts: Options) -> int:
+    return opts.steps or SETTINGS[name].steps
+
+
+def config_hash(name: str, opts: Options = Options()) -> str:
     """What a run's results depend on besides the code and the seed: the setting's config and budget."""
-    cfg = setting_config(name).model_dump(mode="json")
+    cfg = setting_config(name, opts).model_dump(mode="json")
     cfg.pop("run_dir", None)
     cfg.pop("seed", None)
-    blob = json.dumps({"config": cfg, "steps": SETTINGS[name].steps}, sort_keys=True)
+    blob = json.dumps({"config": cfg, "steps": steps_of(name, opts)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def results_path(name: str) -> Path:
-    return RESULTS / f"{name}.json"
-
-
-def load(name: str) -> dict:
-    p = results_path(name)
+def load(name: str, opts: Options = Options()) -> dict:
+    p = opts.results / f"{name}.json"
     if p.exists():
         return json.loads(p.read_text())
     s = SETTINGS[name]
-    return {"setting": name, "why": s.why, "config": f"benchmarks/configs/suite/{s.config}", "steps": s.steps,
-            "domain_seed": DOMAIN_SEED, "protocol": "equal total training steps", "runs": {},
-            "scored_on_test": []}
+    return {"setting": name, "why": s.why, "config": f"benchmarks/configs/suite/{s.config}",
+            "steps": steps_of(name, opts), "domain_seed": DOMAIN_SEED, "overrides": opts.overrides(),
+            "protocol": "equal total training steps", "runs": {}, "scored_on_test": []}
 
 
-def save(name: str, data: dict) -> None:
+def save(name: str, data: dict, opts: Options = Options()) -> None:
     """Atomically: a stopped suite never leaves a half-written file, and rows already there stay."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = results_path(name).with_suffix(".json.tmp")
+    opts.results.mkdir(parents=True, exist_ok=True)
+    path = opts.results / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, results_path(name))
+    os.replace(tmp, path)
 
 
 class SplitError(ValueError):
     """A setting whose test split repeats tasks: it is not run."""
 
 
-def test_split_check(name: str, out: Path) -> dict:
+def test_split_check(name: str, out: Path, opts: Options = Options()) -> dict:
     """The setting's test split, distinct tasks only, and the untrained model's score on it."""
     from compare_modes import episode_rates
     from evotrainer.loop.experiment import Experiment
     from evotrainer.policy.collect import verify
     from evotrainer.records.scores import by_seed, task_scores
 
-    cfg = setting_config(name)
+    cfg = setting_config(name, opts)
     cfg.run_dir = str(out / name / "untrained")
     exp = Experiment(cfg)
     rt, tc = exp.runtime, exp.cfg.train
@@ -145,7 +159,7 @@ def test_split_check(name: str, out: Path) -> dict:
     return out_
 
 
-def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path) -> None:
+def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path, opts: Options = Options()) -> None:
     """Every (setting, seed, mode) not yet in its results file, seed-major across settings, so that a
     stopped suite holds paired seeds of every setting rather than every seed of one."""
     from compare_modes import run_mode
@@ -158,30 +172,30 @@ def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path) 
         if name in refused or index >= len(s.seeds) or (seeds is not None and s.seeds[index] not in seeds):
             continue
         seed = s.seeds[index]
-        data = load(name)
+        data = load(name, opts)
         if any(r["seed"] == seed for r in data["runs"].get(mode, [])):
             continue
         if "untrained" not in data:
             print(f"{name}: the untrained model on the test split", flush=True)
             try:
-                data["untrained"] = test_split_check(name, out)
+                data["untrained"] = test_split_check(name, out, opts)
             except SplitError as err:
                 refused[name] = str(err)
                 print(f"not run: {err}", flush=True)
                 continue
-            save(name, data)
+            save(name, data, opts)
         started = time.time()
         cfg_path = str(CONFIGS / s.config)
-        row = run_mode(cfg_path, mode, "total", seed, s.steps, out / name / f"{mode}-s{seed}",
-                       sets=[f"domain.seed={DOMAIN_SEED}"])
+        row = run_mode(cfg_path, mode, "total", seed, steps_of(name, opts), out / name / f"{mode}-s{seed}",
+                       sets=opts.overrides())
         row.pop("_exp")
-        row.update(commit=git_commit(), config_hash=config_hash(name), started=started)
-        data = load(name)            # re-read: another process may have added a row meanwhile
+        row.update(commit=git_commit(), config_hash=config_hash(name, opts), started=started)
+        data = load(name, opts)      # re-read: another process may have added a row meanwhile
         data["runs"].setdefault(mode, []).append(row)
         variant = {"variant": mode, "commit": row["commit"], "config_hash": row["config_hash"]}
         if variant not in data["scored_on_test"]:
             data["scored_on_test"].append(variant)
-        save(name, data)
+        save(name, data, opts)
         print(f"{name} {mode} seed {seed}: test {row['test']:.3f} (untrained {data['untrained']['test']:.3f}), "
               f"pick {row['best']} of {row['versions']} versions, {row['lineage_steps']} steps on its lineage, "
               f"wall {row['wall_s']:.0f} s", flush=True)
@@ -197,6 +211,10 @@ def main() -> None:
     r.add_argument("--seeds", default=None, help="only these seeds (default: each setting's own)")
     r.add_argument("--modes", default=",".join(MODES))
     r.add_argument("--out", default="runs/suite", help="run directories (kept: the rows name them)")
+    r.add_argument("--results", default=str(RESULTS), help="where the raw JSON goes (smoke runs: elsewhere)")
+    r.add_argument("--model", default=None, help="smoke runs only: another model (e.g. tiny-random)")
+    r.add_argument("--steps", type=int, default=None, help="smoke runs only: every setting's total steps")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="smoke runs only: a config override")
     sub.add_parser("summary", help="write suite_summary.json and the README's table from the raw results")
     args = ap.parse_args()
     if args.command == "run":
@@ -205,11 +223,12 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"--settings: unknown {unknown}; the suite's settings are {', '.join(SETTINGS)}")
         seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
-        run(names, seeds, args.modes.split(","), Path(args.out))
+        opts = Options(Path(args.results), args.model, tuple(args.set), args.steps)
+        run(names, seeds, args.modes.split(","), Path(args.out), opts)
     else:
         from suite_summary import write_summary
 
-        write_summary()
+        write_summary(planned={n: len(s.seeds) * len(MODES) for n, s in SETTINGS.items()})
 
 
 if __name__ == "__main__":
