@@ -1,6 +1,6 @@
-"""compare_modes.py's tables, from its results alone: per protocol, each mode against `reference`
-paired over (task, seed) of the test split (on SWE also what each pick's test episodes did), and what
-the harness-changing modes tried."""
+"""compare_modes.py's tables, from its results alone: per protocol, each mode against `reference` on
+the test split, with a 90% CI that resamples seeds, then tasks within them, beside the per-seed Δs (on
+SWE also what each pick's test episodes did), and what the harness-changing modes tried."""
 
 from __future__ import annotations
 
@@ -26,25 +26,22 @@ PROTOCOL_TITLES = {"total": "equal total training steps", "depth": "equal lineag
 
 def print_protocol(protocol: str, results: dict[str, list[dict]], base: float | None, args,
                    base_rates: dict | None = None) -> None:
-    """One protocol's table: each mode against reference (and evolve against random-library), paired
-    over (task, seed) of the test split, with the steps the pick's lineage and the whole run trained."""
-    from evotrainer.fitness.paired_stats import decide_promotion
+    """One protocol's table: each mode against reference (and evolve against random-library) on the
+    test split (seed-level CI, per-seed Δs), with the steps the pick's lineage and the whole run trained."""
+    from evotrainer.fitness.seed_stats import seed_delta
 
     print(f"\n{PROTOCOL_TITLES.get(protocol, protocol)}: --steps {args.steps}; seeds {args.seeds}")
     split = "held-out" if args.no_test else "test"
     key = "scores" if args.no_test else "test_scores"
-    print(f"{'mode':>22}  selection  {split} mean ± sd   {split} vs reference: mean Δ [90% CI]   "
+    print(f"{'mode':>22}  selection  {split} mean ± sd   {split} vs reference: mean Δ [90% CI, seeds]; per seed   "
           "overhead (excl./incl. proposals)  pick's lineage steps  total steps")
     ref = next((rs for n, rs in results.items() if n.partition("@")[0] == "reference"), None)
     rand = next((rs for n, rs in results.items() if n.partition("@")[0] == "random-library"), None)
     if base is not None:
         print(f"{'untrained model':>22}  -          {base:.3f}              (no training)")
 
-    def paired(rows, other):
-        child = {f"{t}@{r['seed']}": v for r in rows for t, v in r[key].items()}
-        parent = {f"{t}@{r['seed']}": v for r in other for t, v in r[key].items() if r["seed"] in {x["seed"] for x in rows}}
-        d = decide_promotion(child, {k: v for k, v in parent.items() if k in child}, level=0.9)
-        return f"{d.mean_delta:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}]"
+    def paired(rows, other):   # seed-level: resamples seeds, then tasks within them; per-seed Δs beside
+        return seed_delta({r["seed"]: r[key] for r in rows}, {r["seed"]: r[key] for r in other}).text()
 
     for mode, rows in results.items():
         sel = statistics.fmean(r["heldout"] for r in rows)
@@ -55,7 +52,7 @@ def print_protocol(protocol: str, results: dict[str, list[dict]], base: float | 
         ov2 = statistics.fmean(r["overhead_share_incl_propose"] for r in rows)
         depth = ", ".join(str(r.get("lineage_steps", "?")) for r in rows)
         total = ", ".join(f"{r['train_steps']:.0f}" if "train_steps" in r else "?" for r in rows)
-        print(f"{mode:>22}  {sel:.3f}      {statistics.fmean(accs):.3f} ± {sd:.3f}        {ci:<34} "
+        print(f"{mode:>22}  {sel:.3f}      {statistics.fmean(accs):.3f} ± {sd:.3f}        {ci:<56} "
               f"{ov:.1%} / {ov2:.1%}                {depth:<20}  {total}")
         if rand and mode.partition("@")[0] == "evolve":
             print(f"{'':>22}  evolve vs random-library: {paired(rows, rand)}")

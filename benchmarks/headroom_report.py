@@ -1,5 +1,5 @@
 """The headroom benchmark's report, read from its JSON alone (``benchmarks/headroom.py --report``):
-the table against the reference with paired and seed-level CIs; on SWE, what each test episode did,
+the table against the reference with seed-level CIs (seeds, then tasks within them); on SWE, what each test episode did,
 the training episodes' call-form ladder and the guided-vs-free line; ``--signals``, which per-task
 signal a gate should read; ``--fires``, which library entries the reference runs' own health reports
 trigger (the candidates a diagnosing search would propose)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from evotrainer.fitness.episodes import (broke_tests, edited, episode_calls, progress, ran_tests, resolved, valid_calls,
                                         working_call_share)
-from evotrainer.fitness.paired_stats import bootstrap_ci, paired_deltas
+from evotrainer.fitness.seed_stats import seed_delta
 from evotrainer.records.version import VersionDir
 
 SAMPLED_TASKS, SAMPLED_K = 48, 4   # the held-out size a run affords, k answers each at the training temperature
@@ -77,10 +77,6 @@ def backfill(data: dict) -> None:
                 scores.setdefault(k, fresh[k])
 
 
-def _pairs(runs: list[dict]) -> dict[str, float]:
-    return {f"{t}@{r['seed']}": v for r in runs for t, v in r["test_scores"].items()}
-
-
 def report(data: dict, level: float = 0.9) -> str:
     runs = data["runs"]
     by_variant: dict[str, list[dict]] = {}
@@ -91,49 +87,31 @@ def report(data: dict, level: float = 0.9) -> str:
         backfill(data)
     lines = [f"reference: the runs of {data['versus']} (--versus)"] if data.get("versus") else []
     lines += [f"headroom on {data['domain']}: {data['steps']} training steps per run, test split of "
-             f"{data.get('n_test', '?')} tasks (greedy), paired with reference over (task, seed); "
+             f"{data.get('n_test', '?')} tasks (greedy), paired with reference within each seed, the CI resampling "
+             f"seeds, then tasks; "
              f"untrained model {data['base']['test_accuracy']:.3f}" if data.get("base") else ""]
-    head = f"{'variant':<42} {'seeds':>5} {'test mean ± sd':>15} {'Δ vs reference [' + f'{level:.0%}' + ' CI]':>32} " \
+    head = f"{'variant':<42} {'seeds':>5} {'test mean ± sd':>15} {'Δ vs reference [' + f'{level:.0%}' + ' CI, seeds]':>32} " \
            f"{'skipped':>8} {'trunc':>6}"
     lines += [head, "-" * len(head)]
     rows = []
     for name, rs in by_variant.items():
         accs = [r["test_accuracy"] for r in sorted(rs, key=lambda r: r["seed"])]
         paired = [r for r in rs if r["seed"] in ref]
-        delta = ci = None
-        if name != "reference" and paired:
-            d = paired_deltas(_pairs(paired), _pairs([ref[r["seed"]] for r in paired]))
-            delta, ci = float(d.mean()), bootstrap_ci(d, level=level)
-        rows.append((delta if delta is not None else -9, name, rs, accs, delta, ci))
-    for _, name, rs, accs, delta, ci in sorted(rows, key=lambda x: -x[0]):
+        d = seed_delta({r["seed"]: r["test_scores"] for r in paired},
+                       {r["seed"]: ref[r["seed"]]["test_scores"] for r in paired}, level) \
+            if name != "reference" and paired else None
+        rows.append((d.mean if d is not None else -9, name, rs, accs, d))
+    for _, name, rs, accs, d in sorted(rows, key=lambda x: -x[0]):
         sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        dtxt = f"{delta:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]" if delta is not None else "-"
+        dtxt = f"{d.mean:+.3f} [{d.ci90[0]:+.3f}, {d.ci90[1]:+.3f}]" if d is not None else "-"
         skipped = statistics.fmean(r["skipped_steps"] for r in rs)
         trunc = statistics.fmean(r["truncation_last8"] or 0 for r in rs)
         lines.append(f"{name:<42} {len(rs):>5} {statistics.fmean(accs):>7.3f} ± {sd:.3f} {dtxt:>32} "
                      f"{skipped:>8.1f} {trunc:>6.2f}   per seed: {' / '.join(f'{a:.3f}' for a in accs)}"
-                     + seed_level(rs, ref, level))
+                     + (f"; Δ per seed {' / '.join(f'{v:+.3f}' for v in d.per_seed.values())}" if d else ""))
     if any("episode_scores" in r for r in runs):
         lines += ["", episode_report(data, by_variant, ref, level), "", form_ladder(data, by_variant)]
     return "\n".join(lines)
-
-
-def seed_level(rs: list[dict], ref: dict[int, dict], level: float) -> str:
-    """The comparison at the level of seeds: each seed's Δ of test accuracy and, from 3 seeds on, a t
-    interval over them. The (task, seed) bootstrap treats a seed's tasks as independent draws; seed
-    noise is larger than that, and this interval is the one that sizes a claim across seeds."""
-    deltas = [r["test_accuracy"] - ref[r["seed"]]["test_accuracy"] for r in sorted(rs, key=lambda r: r["seed"])
-              if r["seed"] in ref and r is not ref.get(r["seed"])]
-    if len(deltas) < 2:
-        return ""
-    text = f"; Δ per seed {' / '.join(f'{d:+.3f}' for d in deltas)}"
-    if len(deltas) >= 3:
-        from scipy import stats
-
-        half = stats.t.ppf(0.5 + level / 2, len(deltas) - 1) * statistics.stdev(deltas) / len(deltas) ** 0.5
-        mean = statistics.fmean(deltas)
-        text += f" (over seeds {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}])"
-    return text
 
 
 def form_ladder(data: dict, by_variant: dict[str, list[dict]]) -> str:
@@ -234,18 +212,16 @@ def guided_logprob(rows) -> str:
 
 
 def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int, dict], level: float) -> str:
-    """Per variant, each episode rate on the test split (mean over seeds and tasks) and its paired
-    difference with the reference over (task, seed), with the bootstrap CI."""
-    def pairs(rs: list[dict], key: str) -> dict[str, float]:
-        return {f"{t}@{r['seed']}": v for r in rs for t, v in r["episode_scores"][key].items()}
-
+    """Per variant, each episode rate on the test split (mean over seeds and tasks) and its difference
+    with the reference, paired within each seed, with a CI that resamples seeds, then tasks."""
     base = (data.get("base") or {}).get("episode_scores")
     rows = [r for rs in by_variant.values() for r in rs] + list(ref.values())
     known = {k for k in EPISODE_RATES if all(k in r["episode_scores"] for r in rows)}
     untrained = [f"{k} {statistics.fmean(base[k].values()):.3f}" for k in EPISODE_RATES if k in known and k in base] \
         if base else []
     lines = ["episode rates on the test split (greedy; per episode: resolved, share of calls accepted, edited, "
-             "ran tests, any progress, a patch breaking a passing test), paired with reference over (task, seed)"
+             "ran tests, any progress, a patch breaking a passing test), paired with reference within each seed, the "
+             "CI resampling seeds, then tasks"
              + ("; untrained: " + ", ".join(untrained) if untrained else "")]
     for name, rs in by_variant.items():
         cells = []
@@ -255,9 +231,9 @@ def episode_report(data: dict, by_variant: dict[str, list[dict]], ref: dict[int,
             m = statistics.fmean(v for r in rs for v in r["episode_scores"][k].values())
             paired = [r for r in rs if r["seed"] in ref]
             if name != "reference" and paired:
-                d = paired_deltas(pairs(paired, k), pairs([ref[r["seed"]] for r in paired], k))
-                ci = bootstrap_ci(d, level=level)
-                cells.append(f"{k} {m:.3f} ({float(d.mean()):+.3f} [{ci.low:+.3f}, {ci.high:+.3f}])")
+                d = seed_delta({r["seed"]: r["episode_scores"][k] for r in paired},
+                               {r["seed"]: ref[r["seed"]]["episode_scores"][k] for r in paired}, level)
+                cells.append(f"{k} {m:.3f} ({d.mean:+.3f} [{d.ci90[0]:+.3f}, {d.ci90[1]:+.3f}])")
             else:
                 cells.append(f"{k} {m:.3f}")
         lines.append(f"  {name} ({len(rs)} seed(s)): " + "; ".join(cells))
