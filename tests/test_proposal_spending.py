@@ -107,7 +107,7 @@ def test_random_library_draws_entries_without_reading_the_report(tmp_path):
     from evotrainer.operators import OperatorError
 
     empty = Evidence(health_report={"metrics": {}})
-    with pytest.raises(OperatorError, match="fires"):
+    with pytest.raises(OperatorError, match="holds no health report"):
         get_operator("library").propose([reference()], empty)
     from evotrainer.operators.library import default_entries
 

@@ -5,8 +5,9 @@ run state saved after every version. An executor only decides where ``train_vers
 ``verify_version`` run:
 
 - ``local``: in this process, on the experiment's own ``Runtime``: the train stage trains the live
-  versions one after another (on vLLM, in lock step, their rollouts in one batch per step), then the
-  verify stage verifies them (on vLLM, all in one batch);
+  versions in lock step, their rollouts in one batch per step (every engine serves several adapters
+  in one call: vLLM multi-LoRA, the transformers engine's KV decoder per-row adapters; an episodic
+  domain's versions train one after another), then the verify stage verifies them in one batch;
 - ``ray`` (``loop/ray_executor.py``): each live version's train and verify as one Ray actor call on
   a worker that holds its own ``Runtime`` (base model loaded once per actor), writing into the same
   run directory; the driver merges each worker's spend and messages into the run state.
@@ -34,7 +35,8 @@ class Executor(Protocol):
 
 class LocalExecutor:
     """Train and verify in the driver's process: one version after another, or, on an engine that
-    serves several adapters in one call (vLLM), the pending versions together in lock step."""
+    serves several adapters in one call (vLLM, the transformers engine), the pending versions together
+    in lock step."""
 
     def train(self, exp: Experiment, vids: list[str]) -> None:
         g = exp.state.generation

@@ -216,9 +216,9 @@ def train_version(exp: Experiment, vid: str) -> None:
 
 def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
     """Trains pending versions in lock step: at each step every version picks and asks its tasks,
-    all their rollouts are sampled in one engine call (``collect_many``: vLLM serves every adapter in
-    one batch; other engines sample one version after another), then each version takes its own GRPO
-    step. A version whose harness fails is rejected and the others go on. Returns the versions that
+    all their rollouts are sampled in one engine call (``collect_many``: vLLM and the transformers
+    engine serve every adapter in one batch; an episodic domain samples one version after another), then
+    each version takes its own GRPO step. A version whose harness fails is rejected and the others go on. Returns the versions that
     trained."""
     sessions, stack = {}, contextlib.ExitStack()
     with stack:
@@ -269,7 +269,7 @@ def verify_versions(exp: Experiment, vids: list[str], on_done=None) -> None:
     The whole held-out pool is verified in one pass and stored in two parts: the gate draw as
     ``heldout`` (all the fitness layer reads: gates, health, validity checks) and the selection draw
     as ``selection`` (only selection reads it, through ``selection_accuracy``). On an engine that
-    serves several adapters at once (vLLM) all the versions' prompts go in one call; each version's
+    serves several adapters at once (vLLM, the transformers engine) all the versions' prompts go in one call; each version's
     ``verify_seconds`` is then its share of that call. ``on_done(vid)`` runs after each version."""
     tc = exp.cfg.train
     rt = exp.runtime

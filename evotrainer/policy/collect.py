@@ -115,8 +115,8 @@ def shares_batches(engine: RolloutEngine, domain: Domain, versions: int) -> bool
 
 def collect_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[CollectJob]) -> list[list[Rollout]]:
     """:func:`collect_groups` for several branches, one job each, in one ``generate_many`` call when
-    the engine serves several adapters at once (vLLM); otherwise one branch after another. Each job
-    keeps its own sampling settings and seed."""
+    the engine serves several adapters at once (vLLM, the transformers engine); otherwise one branch
+    after another. Each job keeps its own sampling settings and seed."""
     if not shares_batches(engine, domain, len(jobs)):
         return [collect_groups(engine, domain, j.tasks, j.group_size, j.params, j.adapter, step=j.step,
                                prompt=j.prompt)
@@ -138,7 +138,7 @@ def collect_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[CollectJo
 def verify_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[VerifyJob], max_new_tokens: int,
                 temperature: float = 0.0, seeds: Sequence[int] = (0,)) -> list[list[Rollout]]:
     """:func:`verify` for several versions, one job each. An engine that serves several adapters in
-    one call (``generate_many``: vLLM) gets every version's prompts in one call per seed, so the
+    one call (``generate_many``: vLLM, the transformers engine) gets every version's prompts in one call per seed, so the
     population shares batches; otherwise (and for episodic domains) one version after another."""
     if not shares_batches(engine, domain, len(jobs)):
         return [verify(engine, domain, tasks, adapter, max_new_tokens, temperature, seeds, prompt)

@@ -135,6 +135,44 @@ def lora_deltas(model, adapter: str | None) -> list[dict[str, LoraDelta]]:
     return out
 
 
+@dataclass(frozen=True)
+class RowsDelta:
+    """One fused projection's LoRA paths for a batch whose rows run different adapters: each part is
+    (the rows of one adapter, its :class:`LoraDelta`). The low-rank products are gathered per adapter,
+    as multi-LoRA servers do, beside one base matmul shared by every row."""
+
+    parts: tuple[tuple[torch.Tensor, LoraDelta], ...]
+
+    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        for rows, delta in self.parts:
+            out.index_copy_(0, rows, delta.add_to(out.index_select(0, rows), x.index_select(0, rows)))
+        return out
+
+
+class RowLora:
+    """Per-row adapters for :meth:`KVDecoder.forward`: row r runs ``loras[group[r]]`` (each one
+    :func:`lora_deltas` of a branch; ``[{}, ...]`` for the base model). Indexes like those lists, by
+    layer, so the forward pass reads one branch's deltas and several branches' the same way."""
+
+    def __init__(self, group: torch.Tensor, loras: list[list[dict[str, LoraDelta]]]) -> None:
+        self.group, self.loras = group, loras
+        rows = [(group == g).nonzero().squeeze(1) for g in range(len(loras))]
+        self._layers = [
+            {key: RowsDelta(tuple((r, lora[i][key]) for r, lora in zip(rows, loras) if r.numel() and key in lora[i]))
+             for key in FUSED if any(key in lora[i] for lora in loras)}
+            for i in range(len(loras[0]))]
+
+    def select(self, keep: torch.Tensor) -> "RowLora":
+        """The rows ``keep`` of this batch, in that order (the batch shrank or was reordered)."""
+        return RowLora(self.group.index_select(0, keep), self.loras)
+
+    def __getitem__(self, layer: int) -> dict[str, RowsDelta]:
+        return self._layers[layer]
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+
 def _packed_linear_available() -> bool:
     try:
         w = torch.zeros(4, 4)
@@ -275,17 +313,18 @@ class KVDecoder:
         return KVCache(len(self.layers), batch, self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
 
     @staticmethod
-    def _project(linear: Linear, fused: str, x: torch.Tensor, deltas: dict[str, LoraDelta]) -> torch.Tensor:
+    def _project(linear: Linear, fused: str, x: torch.Tensor, deltas: dict[str, LoraDelta | RowsDelta]) -> torch.Tensor:
         out = linear(x)
         delta = deltas.get(fused)
         return out if delta is None else delta.add_to(out, x)
 
     @torch.inference_mode()
     def forward(self, cache: KVCache, ids: torch.Tensor, valid: torch.Tensor,
-                lora: list[dict[str, LoraDelta]] | None = None) -> torch.Tensor:
+                lora: list[dict[str, LoraDelta]] | RowLora | None = None) -> torch.Tensor:
         """Appends ``ids`` (B, T) to the cache (``valid`` marks real tokens; padding is left of them)
         and returns the logits after the last position of each row, in fp32 (B, vocab). ``lora``:
-        :func:`lora_deltas` of the branch to run (None: the base model)."""
+        :func:`lora_deltas` of the branch to run (None: the base model), or a :class:`RowLora` when
+        the rows run different branches."""
         B, T = ids.shape
         start = cache.length
         if start + T > cache.capacity:

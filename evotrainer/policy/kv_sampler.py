@@ -1,7 +1,9 @@
 """Sampling on the KV decoder: shared prefixes prefilled once, continued sequences prefilled from
 where they stopped, and every sampled token's log-probability under the distribution it was drawn from.
 
-One call samples a batch of token sequences under one branch (``KVSampler.sample``):
+One call samples a batch of token sequences under one branch (``KVSampler.sample``), or rows of
+several branches in one batch (``KVSampler.sample_rows``: one base matmul, each branch's LoRA paths on
+its own rows, each branch's prompts prefilled under its adapter):
 
 1. **Reuse.** The previous call's cache is kept with the tokens each of its rows holds. A sequence
    that extends one of them (the next turn of an episode: the trajectory so far, the tool result,
@@ -31,7 +33,7 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from evotrainer.policy.guided_decoding import LOGPROB_FLOOR
-from evotrainer.policy.kv_decoder import KVCache, KVDecoder, lora_deltas
+from evotrainer.policy.kv_decoder import KVCache, KVDecoder, RowLora, lora_deltas
 
 MIN_SHARED_PREFIX = 8   # tokens: a shorter common opening is not worth a prefill of its own
 
@@ -84,19 +86,34 @@ class KVSampler:
     def forget(self) -> None:
         self.kept = None
 
+    def sample(self, prompts: list[list[int]], adapter: str | None, *, seed: int, **kw) -> list[Sampled]:
+        """One branch's batch: :meth:`sample_rows` with every row under ``adapter``, one seed."""
+        return self.sample_rows(prompts, [adapter] * len(prompts), seeds=[(len(prompts), seed)], **kw)
+
     @torch.inference_mode()
-    def sample(self, prompts: list[list[int]], adapter: str | None, *, max_new_tokens: int, temperature: float,
-               top_k: int, top_p: float, seed: int, eos: set[int], pad: int,
-               stop_check=None, guide=None) -> list[Sampled]:
-        """``stop_check(ids) -> bool``: whether a row's tokens so far contain a stop string.
+    def sample_rows(self, prompts: list[list[int]], adapters: list[str | None], *, seeds: list[tuple[int, int]],
+                    max_new_tokens: int, temperature: float, top_k: int, top_p: float, eos: set[int], pad: int,
+                    stop_check=None, guide=None) -> list[Sampled]:
+        """``prompts[i]`` continued under ``adapters[i]``: several branches' rows decode in one batch
+        (one base matmul per projection, each branch's LoRA paths on its own rows). ``seeds``: (rows,
+        seed) segments in row order; each draws its uniforms from its own generator, so a segment
+        samples the tokens it would sample alone (up to float summation order in the larger batch).
+        ``stop_check(ids) -> bool``: whether a row's tokens so far contain a stop string.
         ``guide``: a :class:`~evotrainer.policy.guided_decoding.GuidedRows` over the output rows; a
         guided row draws from its grammar's tokens and records the unguided log-probability."""
-        lora = lora_deltas(policy_model(self.policy), adapter)
-        key = adapter_key(self.policy, adapter)
+        if sum(n for n, _ in seeds) != len(prompts) or len(adapters) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts need as many adapters ({len(adapters)}) and seeded rows "
+                             f"({sum(n for n, _ in seeds)})")
         dev = self.decoder.device
-        cache, logits = self._prefill(prompts, lora, key, max_new_tokens)
+        names = list(dict.fromkeys(adapters))
+        key = adapter_key(self.policy, names[0]) if len(names) == 1 else None
+        if key is not None:
+            lora = lora_deltas(policy_model(self.policy), names[0])
+            cache, logits = self._prefill(prompts, lora, key, max_new_tokens)
+        else:
+            cache, logits, lora = self._prefill_branches(prompts, adapters, names, max_new_tokens)
         B = len(prompts)
-        gen = torch.Generator(device=dev).manual_seed(seed)
+        gens = [(n, torch.Generator(device=dev).manual_seed(seed)) for n, seed in seeds]
         warpers = []
         if temperature > 0:
             if temperature != 1.0:
@@ -130,7 +147,7 @@ class KVSampler:
                 cdf = torch.exp(draw - dtop).cumsum_(-1)
                 # Inverse CDF: the first token whose cumulative mass exceeds u; the uniform is drawn for
                 # every batch row, so a row's draw does not depend on which rows finished.
-                u = torch.rand((B, 1), generator=gen, device=dev)[rows]
+                u = torch.cat([torch.rand((n, 1), generator=g, device=dev) for n, g in gens])[rows]
                 nxt = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=cdf.shape[-1] - 1)
                 total = torch.exp(scores - top).sum(-1, keepdim=True) if guided else cdf[:, -1:]
             else:
@@ -156,14 +173,39 @@ class KVSampler:
                                     [tuple(held[rows[j]]) for j in done]))
                 keep = [j for j, a in enumerate(alive) if a]
                 cache = cache.select(torch.tensor(keep, device=dev), cache.capacity)
+                if isinstance(lora, RowLora):
+                    lora = lora.select(torch.tensor(keep, device=dev))
                 rows, tokens, alive = [rows[j] for j in keep], [tokens[j] for j in keep], [True] * len(keep)
             for j, i in enumerate(rows):
                 if alive[j]:
                     held[i].append(tokens[j])
             feed = torch.tensor([t if a else pad for t, a in zip(tokens, alive)], device=dev)[:, None]
             logits = self.decoder.forward(cache, feed, torch.tensor(alive, device=dev)[:, None], lora)
-        self.kept = (key, stash + [_Piece(cache, [tuple(held[i]) for i in rows])])
+        # One branch's cache is kept for its next call; a batch of several branches' rows is not.
+        self.kept = (key, stash + [_Piece(cache, [tuple(held[i]) for i in rows])]) if key is not None else None
         return out
+
+    def _prefill_branches(self, prompts: list[list[int]], adapters: list[str | None], names: list[str | None],
+                          max_new_tokens: int) -> tuple[KVCache, torch.Tensor, RowLora]:
+        """Each branch's prompts prefilled under its own adapter (their shared prompts once each),
+        stacked back into row order, and the per-row adapters for the decode."""
+        dev = self.decoder.device
+        model = policy_model(self.policy)
+        loras = [lora_deltas(model, name) for name in names]
+        parts, order = [], []
+        for name, lora in zip(names, loras):
+            rows = [i for i, a in enumerate(adapters) if a == name]
+            self.kept = None
+            parts.append(self._prefill([prompts[i] for i in rows], lora, (None,), max_new_tokens))
+            order += rows
+        self.kept = None
+        capacity = max(c.length for c, _ in parts) + max_new_tokens
+        cache = KVCache.concat([(c, torch.arange(c.k[0].shape[0], device=dev)) for c, _ in parts], capacity)
+        back = torch.empty(len(order), dtype=torch.long, device=dev)
+        back[torch.tensor(order, device=dev)] = torch.arange(len(order), device=dev)
+        logits = torch.cat([lg for _, lg in parts]).index_select(0, back)
+        group = torch.tensor([names.index(a) for a in adapters], device=dev)
+        return cache.select(back, capacity), logits, RowLora(group, loras)
 
     # ---- prefill --------------------------------------------------------------------------------
     def _prefill(self, prompts: list[list[int]], lora, key: tuple, max_new_tokens: int) -> tuple[KVCache, torch.Tensor]:

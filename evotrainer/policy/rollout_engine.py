@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 import torch
@@ -169,7 +169,7 @@ class TransformersEngine:
         if len(grammars) != len(encoded):
             raise ValueError(f"{len(grammars)} grammars for {len(encoded)} sequences; give one per sequence")
         if self._kv_sampler(adapter) is not None:
-            return self._sample_kv(encoded, params, adapter, grammars)
+            return self._sample_kv([(encoded, params, adapter, grammars)])[0]
         out: list[Completion] = []
         with self.policy.adapter(adapter) as model:
             for start in range(0, len(encoded), self.batch_size):
@@ -213,9 +213,13 @@ class TransformersEngine:
             return None
         return self._kv
 
-    def _sample_kv(self, encoded: list[list[int]], params: SamplingParams, adapter: str | None,
-                   grammars: list[str | None]) -> list[Completion]:
-        tok = self.tokenizer
+    def _sample_kv(self, requests: list[tuple[list[list[int]], SamplingParams, str | None, list[str | None]]]
+                   ) -> list[list[Completion]]:
+        """(sequences, params, adapter, grammars) requests that differ at most in seed and adapter, on the
+        KV sampler. Each request is cut into ``batch_size`` chunks seeded by (seed, chunk start), as
+        ``generate`` is; a call samples the i-th chunk of every request together, each chunk's rows
+        under its own adapter with its own generator."""
+        tok, params = self.tokenizer, requests[0][1]
         eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set(tok.eos_token_id or [])
         stop_check = None
         if params.stop:
@@ -224,17 +228,45 @@ class TransformersEngine:
             tail = max(len(s) for s in params.stop) + 2
             stop_check = lambda ids: any(s in tok.decode(ids[-tail:], skip_special_tokens=True)   # noqa: E731
                                          for s in params.stop)
-        out: list[Completion] = []
-        for start in range(0, len(encoded), self.batch_size):
-            batch = encoded[start:start + self.batch_size]
+        out: list[list[Completion]] = [[] for _ in requests]
+        waves = max(len(enc) for enc, _, _, _ in requests)
+        for start in range(0, waves, self.batch_size):
+            batch, adapters, seeds, grammars, owners = [], [], [], [], []
+            for r, (enc, p, adapter, gr) in enumerate(requests):
+                chunk = enc[start:start + self.batch_size]
+                if chunk:
+                    batch += chunk
+                    adapters += [adapter] * len(chunk)
+                    seeds.append((len(chunk), p.seed * 1_000_003 + start))
+                    grammars += gr[start:start + self.batch_size]
+                    owners += [r] * len(chunk)
             t0 = time.perf_counter()
-            sampled = self._kv.sample(
-                batch, adapter, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                top_k=params.top_k, top_p=params.top_p, seed=params.seed * 1_000_003 + start, eos=eos,
-                pad=tok.pad_token_id, stop_check=stop_check,
-                guide=self._guide(grammars[start:start + self.batch_size]))
+            sampled = self._kv.sample_rows(
+                batch, adapters, seeds=seeds, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                top_k=params.top_k, top_p=params.top_p, eos=eos, pad=tok.pad_token_id, stop_check=stop_check,
+                guide=self._guide(grammars))
             seconds = (time.perf_counter() - t0) / len(batch)
-            out.extend(self._finish(p, s.ids, s.logprobs, params, seconds) for p, s in zip(batch, sampled))
+            for r, prompt, s in zip(owners, batch, sampled):
+                out[r].append(self._finish(prompt, s.ids, s.logprobs, requests[r][1], seconds))
+        return out
+
+    def generate_many(self, jobs: Sequence[tuple[Sequence[Messages], SamplingParams, str | None]]
+                      ) -> list[list[Completion]]:
+        """Several (prompts, params, adapter) jobs, e.g. one per live branch. On the KV decoder, jobs that
+        sample alike (the same settings but seed) decode in one batch, each row under its own branch's
+        adapter; the others, and any job the KV decoder cannot serve, one after another."""
+        encoded = [self.encode(prompts) for prompts, _, _ in jobs]
+        out: list[list[Completion]] = [[] for _ in jobs]
+        alike: dict[tuple, list[int]] = {}
+        for j, (_, params, adapter) in enumerate(jobs):
+            if encoded[j] and self._kv_sampler(adapter) is not None:
+                alike.setdefault(replace(params, seed=0), []).append(j)
+            elif encoded[j]:
+                out[j] = self.generate_ids(encoded[j], params, adapter)
+        for members in alike.values():
+            done = self._sample_kv([(encoded[j], jobs[j][1], jobs[j][2], [None] * len(encoded[j])) for j in members])
+            for j, completions in zip(members, done):
+                out[j] = completions
         return out
 
     def _generate_batch(self, model, prompt_ids: list[list[int]], params: SamplingParams,

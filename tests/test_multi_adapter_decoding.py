@@ -1,0 +1,109 @@
+"""Several branches' rows in one KV-decoder batch (``TransformersEngine.generate_many``): each row is
+decoded under its own adapter with its own seeded generator, so it gets the tokens and log-probs it
+gets alone; the population's steps and verification then share batches in the loop, and a run's
+versions, decisions and scores do not depend on whether they did."""
+
+import pytest
+import torch
+
+from evotrainer.policy.base_model import load_base_model
+from evotrainer.policy.collect import shares_batches
+from evotrainer.policy.kv_decoder import KVDecoder, RowLora, lora_deltas
+from evotrainer.policy.lora import LoraSettings, Policy
+from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine, chat_ids
+
+PROMPTS = [[{"role": "user", "content": f"Count to {i}, then say {'yes' * i}."}] for i in range(1, 7)]
+BRANCHES = ("b1", "b2", "b3")
+
+
+@pytest.fixture(scope="module")
+def policy():
+    model, tok = load_base_model("tiny-random", seed=0, initializer_range=0.5)
+    pol = Policy(model, tok, LoraSettings(r=4, lora_alpha=8, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    torch.manual_seed(3)
+    for name in BRANCHES:
+        pol.create(name)
+        with torch.no_grad():
+            for p in pol.parameters(name):
+                p.add_(torch.randn_like(p) * 0.3)     # each branch really differs from the base and the others
+    return pol
+
+
+def test_row_lora_logits_equal_each_branch_alone(policy):
+    decoder = KVDecoder(policy.model)
+    ids = chat_ids(policy.tokenizer, PROMPTS[:4])
+    width = max(map(len, ids))
+    x = torch.tensor([[0] * (width - len(p)) + p for p in ids])
+    valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in ids])
+    names = ["b1", None, "b3", "b1"]
+    loras = [lora_deltas(policy.model, n) for n in ("b1", None, "b3")]
+    mixed = decoder.forward(decoder.new_cache(4, width), x, valid, RowLora(torch.tensor([0, 1, 2, 0]), loras))
+    for i, name in enumerate(names):
+        alone = decoder.forward(decoder.new_cache(1, width), x[i:i + 1], valid[i:i + 1],
+                                lora_deltas(policy.model, name))
+        assert torch.allclose(mixed[i], alone[0], atol=1e-4)
+    assert not torch.allclose(mixed[0], mixed[2], atol=1e-2)      # the branches' rows did differ
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_job_samples_what_it_samples_alone(policy, temperature):
+    eng = TransformersEngine(policy, decoder="kv", batch_size=4)   # 6 prompts: two chunks a job
+    jobs = [(PROMPTS, SamplingParams(temperature=temperature, max_new_tokens=10, seed=s), a)
+            for s, a in ((1, "b1"), (2, "b2"), (1, None), (3, "b3"))]
+    together = eng.generate_many(jobs)
+    for (prompts, params, adapter), got in zip(jobs, together):
+        alone = eng.generate(prompts, params, adapter)
+        assert [c.completion_ids for c in got] == [c.completion_ids for c in alone], adapter
+        for g, a in zip(got, alone):
+            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-4)
+            assert g.text == a.text and g.stop_reason == a.stop_reason
+    if temperature > 0:   # the same prompts under other adapters and seeds gave other samples
+        assert [c.completion_ids for c in together[0]] != [c.completion_ids for c in together[1]]
+
+
+def test_jobs_that_sample_differently_are_decoded_apart(policy):
+    eng = TransformersEngine(policy, decoder="kv")
+    calls = []
+    original = eng._sample_kv
+    eng._sample_kv = lambda reqs: calls.append(len(reqs)) or original(reqs)
+    hot = SamplingParams(temperature=1.0, max_new_tokens=6, seed=0)
+    cold = SamplingParams(temperature=0.5, max_new_tokens=6, seed=0)
+    out = eng.generate_many([(PROMPTS[:2], hot, "b1"), (PROMPTS[:2], cold, "b2"), (PROMPTS[:2], hot, "b3"), ([], hot, "b1")])
+    assert sorted(calls) == [1, 2] and [len(o) for o in out] == [2, 2, 2, 0]
+    assert [c.completion_ids for c in out[1]] == [c.completion_ids for c in eng.generate(PROMPTS[:2], cold, "b2")]
+
+
+def test_the_transformers_engine_shares_batches_for_single_turn_domains(policy):
+    from evotrainer.domains import get_domain
+
+    eng = TransformersEngine(policy)
+    assert shares_batches(eng, get_domain("math", n_train=4, n_heldout=2, n_test=2), 2)
+    assert not shares_batches(eng, get_domain("math", n_train=4, n_heldout=2, n_test=2), 1)
+
+
+def _run(run_dir):
+    from evotrainer.config import parse_config
+    from evotrainer.loop.experiment import Experiment
+    from tests.loop_runs import tiny_cfg
+
+    exp = Experiment(parse_config(tiny_cfg(run_dir, operators={"knobs": 1.0, "library": 1.0})))
+    exp.run()
+    out = {}
+    for vid in exp.versions():
+        vd = exp.vdir(vid)
+        m = vd.meta()
+        out[vid] = (m.status, m.parents, m.genome_hash, m.metrics.get("heldout_accuracy"),
+                    m.metrics.get("selection_accuracy"), [r.completion_ids for r in vd.rollouts("train")])
+    return out, exp.state.events
+
+
+def test_a_run_is_the_same_whether_its_versions_share_batches(tmp_path, monkeypatch):
+    """The tiny loop twice: versions trained in lock step, their groups and held-out prompts in one
+    batch per step, then one version after another (no generate_many): the same versions, statuses,
+    scores and training tokens."""
+    batched, events = _run(tmp_path / "batched")
+    assert any("together" in e for e in events), "the population never shared a batch"
+    monkeypatch.delattr(TransformersEngine, "generate_many")
+    alone, _ = _run(tmp_path / "alone")
+    assert batched == alone
