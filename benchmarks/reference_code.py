@@ -133,7 +133,7 @@ def main() -> None:
     # Pool seeds: each held-out task's after-vs-before change, over all seeds' verdicts.
     child = {t: [s for r in rows for s in r["after_scores"][t]] for t in rows[0]["after_scores"]}
     parent = {t: [s for r in rows for s in r["before_scores"][t]] for t in rows[0]["before_scores"]}
-    dec = decide_promotion(child, parent)
+    dec = decide_promotion(child, parent, level=0.95)   # the 95% CI its recorded results state
     print(f"paired bootstrap over tasks: mean delta {dec.mean_delta:+.3f}, "
           f"{int(dec.level * 100)}% CI [{dec.ci_low:+.3f}, {dec.ci_high:+.3f}]; "
           f"total {time.perf_counter() - t_all:.0f} s")

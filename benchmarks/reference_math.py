@@ -71,7 +71,7 @@ def main() -> None:
         # Pool seeds: each held-out task's after-vs-before change, averaged over seeds.
         child = {t: [s for r in rows for s in r["after_scores"][t]] for t in rows[0]["after_scores"]}
         parent = {t: [s for r in rows for s in r["before_scores"][t]] for t in rows[0]["before_scores"]}
-        d = decide_promotion(child, parent)
+        d = decide_promotion(child, parent, level=0.95)   # the 95% CI its recorded results state
         print(f"paired bootstrap over tasks: mean delta {d.mean_delta:+.3f}, "
               f"{int(d.level * 100)}% CI [{d.ci_low:+.3f}, {d.ci_high:+.3f}]")
     except ImportError:

@@ -5,6 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evotrainer.config import GATE_LEVEL, EvolutionConfig
+from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.paired_stats import (
     PairingError,
     PromotionDecision,
@@ -28,7 +30,7 @@ def test_clearly_better_child_is_promoted():
     assert isinstance(d, PromotionDecision)
     assert d.promote
     assert d.ci_low > 0 and d.ci_low <= d.mean_delta <= d.ci_high
-    assert d.n_tasks == 40 and d.n_seeds == 1 and d.level == 0.95
+    assert d.n_tasks == 40 and d.n_seeds == 1 and d.level == GATE_LEVEL
     assert d.mean_delta == pytest.approx(0.2, abs=0.03)
     assert "promoted" in d.reason and f"{d.ci_low:+.4f}" in d.reason and "40 task" in d.reason
     as_dict = d.to_dict()
@@ -49,10 +51,27 @@ def test_noise_only_differences_are_refused():
     for trial in range(20):
         parent = _scores(30, base, 0.1, seed=2 * trial)
         child = _scores(30, base, 0.1, seed=2 * trial + 1)
-        d = decide_promotion(child, parent, n_resamples=2000)
+        d = decide_promotion(child, parent, level=0.95, n_resamples=2000)
         assert d.ci_low <= d.mean_delta <= d.ci_high
         refused += not d.promote
     assert refused >= 17  # a 95% gate on pure noise promotes ~2.5% of the time
+
+
+def test_the_default_level_is_the_gates():
+    """Called without a level, decide_promotion judges at the level a loop's gate, GateConfig and
+    `evotrainer gate` use: one constant, so a benchmark and a run cannot disagree by omission."""
+    import inspect
+
+    default = inspect.signature(decide_promotion).parameters["level"].default
+    assert default == GATE_LEVEL == GateConfig().level == EvolutionConfig().gate_level == 0.9
+    parent = {f"t{i}": 0.0 for i in range(30)}
+    child = {f"t{i}": 0.1 * (i % 3) for i in range(30)}
+    d = decide_promotion(child, parent)
+    assert d.level == GATE_LEVEL and "90% CI" in d.reason
+    assert (d.ci_low, d.ci_high) == (decide_promotion(child, parent, level=GATE_LEVEL).ci_low,
+                                     decide_promotion(child, parent, level=GATE_LEVEL).ci_high)
+    wide = decide_promotion(child, parent, level=0.95)
+    assert wide.ci_low < d.ci_low and wide.ci_high > d.ci_high
 
 
 def test_binary_scores_with_seeds_tie_is_refused():

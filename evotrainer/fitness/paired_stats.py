@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats
 
+from evotrainer.config import GATE_LEVEL
+
 Score = float | int | Sequence[float]
 METHODS = ("BCa", "percentile", "basic")
 
@@ -187,7 +189,7 @@ class PromotionDecision:
         return asdict(self)
 
 
-def decide_promotion(child: Mapping[object, Score], parent: Mapping[object, Score], level: float = 0.95,
+def decide_promotion(child: Mapping[object, Score], parent: Mapping[object, Score], level: float = GATE_LEVEL,
                      min_delta: float = 0.0, n_resamples: int = 10_000, seed: int = 0, method: str = "BCa",
                      min_tasks: int = 5, power: float = 0.8) -> PromotionDecision:
     """Promote the child iff the lower bound of the bootstrap CI of the mean per-task delta
