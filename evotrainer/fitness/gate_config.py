@@ -4,27 +4,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evotrainer.config import GATE_LEVEL, Config
+from evotrainer.config import GATE_LEVEL, Config, ValidityConfig
+
+# The validity thresholds' defaults are evolution.validity's (config.py's ValidityConfig says what each
+# one means): one place to change them, for a run's config and for a GateConfig built without one.
+_VALIDITY = ValidityConfig()
 
 
 @dataclass
 class GateConfig:
-    divergence: float = 0.3              # train correctness (or [0,1] reward) minus held-out accuracy
-    min_train_rollouts: int = 8          # fewer in the last window: divergence not judged
-    leak_margin: float = 0.25            # leaked-prompt copy rate minus clean-prompt copy rate
-    leak_p: float = 0.05                 # one-sided Fisher p-value
-    min_leak_rollouts: int = 4           # on each side
-    prompt_leak_share: float = 0.5       # prompts that add their own answer, at least this share (and
-                                         # leak_margin above the share that add another task's answer)
-    hack_rise: float = 0.1               # shaped reward rise (share of its range) that, with ...
-    hack_drop: float = 0.05              # ... correctness falling by this much, is reward hacking
-    level: float = GATE_LEVEL            # paired statistics: CI level ...
-    min_delta: float = 0.0               # ... lower bound must exceed this
+    divergence: float = _VALIDITY.divergence     # train correctness (or [0,1] reward) minus held-out accuracy
+    min_train_rollouts: int = 8                  # fewer in the last window: divergence not judged
+    leak_margin: float = _VALIDITY.leak_margin   # leaked-prompt copy rate minus clean-prompt copy rate
+    leak_p: float = _VALIDITY.leak_p             # one-sided Fisher p-value
+    min_leak_rollouts: int = 4                   # on each side
+    prompt_leak_share: float = _VALIDITY.prompt_leak_share   # prompts that add their own answer, at least
+                                                 # this share (and leak_margin above the share that add
+                                                 # another task's answer)
+    hack_rise: float = _VALIDITY.hack_rise       # shaped reward rise (share of its range) that, with ...
+    hack_drop: float = _VALIDITY.hack_drop       # ... correctness falling by this much, is reward hacking
+    level: float = GATE_LEVEL                    # paired statistics: CI level ...
+    min_delta: float = 0.0                       # ... lower bound must exceed this
     min_tasks: int = 5
-    power: float = 0.8                   # the minimum detectable effect each decision states is at this power
+    power: float = 0.8                           # the minimum detectable effect each decision states is at this power
     n_resamples: int = 10_000
     seed: int = 0
-    window: int = 3                      # last training steps the divergence checks look at
+    window: int = 3                              # last training steps the divergence checks look at
 
 
 def gate_config(cfg: Config) -> GateConfig:
