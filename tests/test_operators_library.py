@@ -14,17 +14,16 @@ from evotrainer.genome import reference_program as reference
 from evotrainer.genome.edits import factors_changed
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HOOK_PARAMS, HarnessProgram
-from evotrainer.loop.skills import Skill, report_metrics as skill_report_metrics
+from evotrainer.loop.skills import Skill
 from evotrainer.operators import FITNESS_METRIC, Evidence, OperatorError, available_operators, get_operator
 from evotrainer.operators.library import (
-    TRIGGER_OPS,
     LibraryOperator,
     default_entries,
     entries_text,
     propose_entry,
-    report_metrics,
     seed_skills,
 )
+from evotrainer.operators.triggers import TRIGGER_OPS, report_metrics
 from evotrainer.records.rollout import Rollout
 
 REPORT = json.loads((Path(__file__).parent / "fixtures" / "health_report_demo.json").read_text())
@@ -237,6 +236,14 @@ def test_weights_steer_the_draw_and_an_exhausted_entry_is_skipped():
         LibraryOperator(weights={"no_such_entry": 1.0})
 
 
+def test_entries_write_their_conditions_with_the_one_when():
+    """Both entry modules build trigger conditions with ``triggers.when`` (not a copy of their own)."""
+    from evotrainer.operators import library_entries, swe_entries, triggers
+
+    assert library_entries.when is triggers.when and swe_entries.when is triggers.when
+    assert triggers.when("dead_group_ratio", ">=", 0.5) == {"metric": "dead_group_ratio", "op": ">=", "value": 0.5}
+
+
 def test_an_empty_report_and_a_broken_parent_are_input_errors():
     with pytest.raises(OperatorError, match="holds no health report") as err:   # not "no trigger holds"
         get_operator("library").propose([reference()], Evidence(health_report={"metrics": {}}))
@@ -248,8 +255,11 @@ def test_an_empty_report_and_a_broken_parent_are_input_errors():
 
 
 def test_entries_export_as_seed_skills_that_fire_like_the_entries():
-    metrics = skill_report_metrics(REPORT)
-    assert metrics == report_metrics(REPORT)   # triggers read the same flattened report
+    metrics = report_metrics(REPORT)
+    # What triggers read, written out from the fixture: its metrics as they are, and one alert:<name> = 1
+    # for each of its three alerts. Entries and skills both read this one flattened report.
+    assert metrics == {**REPORT["metrics"], "alert:insufficient_signal": 1.0, "alert:weak_reward_spread": 1.0,
+                       "alert:overlong": 1.0}
     fired: dict[str, bool] = {}
     for d in seed_skills():
         skill = Skill.from_dict(d)

@@ -12,10 +12,10 @@ from evotrainer.loop.skills import (
     SkillLibraryError,
     derive_trigger,
     normalise_diff,
-    report_metrics,
     skill_id,
     user_library_path,
 )
+from evotrainer.operators.triggers import report_metrics
 
 DIFF = """--- a/parent.py
 +++ b/child.py

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.records.version import exclusive, write_atomic
-from evotrainer.operators.triggers import holds, report_metrics  # noqa: F401  (report_metrics re-exported)
+from evotrainer.operators.triggers import holds
 from evotrainer.records.numeric import finite_or_none as _finite
 
 NEGATION = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}

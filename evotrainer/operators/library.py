@@ -5,8 +5,8 @@ sampling, RLOO, a lower sampling temperature, ...): *when* it applies (a trigger
 metrics, the same ``{"metric", "op", "value"}`` conditions as skills), *what* it changes (one knob or
 one hook), *how* (a parameterised edit: a hook template with ``$param`` placeholders, or a move of a
 knob's value), the hypothesis it tests, the effect it expects, and where it comes from. What an entry
-is lives in ``library_entry.py`` (re-exported here), the entries themselves in ``library_entries.py``
-and ``swe_entries.py``.
+is lives in ``library_entry.py``, the entries themselves in ``library_entries.py`` and
+``swe_entries.py``, the trigger conditions in ``triggers.py``.
 
 The ``library`` operator needs no LLM: it draws, by weight, an entry whose trigger fires on the
 parent's health report, draws its parameters among the allowed values, and hands the child to
@@ -29,14 +29,8 @@ from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import Intervention
 from evotrainer.operators.library_entries import ENTRIES
-from evotrainer.operators.library_entry import (  # noqa: F401  (re-exported: the library's public names)
-    KnobMove,
-    LibraryEntry,
-    Param,
-    knob_values,
-    same_value,
-)
-from evotrainer.operators.triggers import TRIGGER_OPS, holds, report_metrics  # noqa: F401  (re-exported)
+from evotrainer.operators.library_entry import LibraryEntry
+from evotrainer.operators.triggers import report_metrics
 from evotrainer.operators.swe_entries import SWE_ENTRIES
 
 log = logging.getLogger(__name__)

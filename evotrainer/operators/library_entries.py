@@ -16,10 +16,7 @@ from __future__ import annotations
 
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect
 from evotrainer.operators.library_entry import KnobMove, LibraryEntry, Param
-
-
-def when(metric: str, op: str, value: float) -> dict:
-    return {"metric": metric, "op": op, "value": value}
+from evotrainer.operators.triggers import when
 
 
 FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
@@ -28,7 +25,7 @@ FITTER = ExpectedEffect(FITNESS_METRIC, "delta>", 0.0)
 # Filters, advantages and pass-rate curricula reshape the reward's differences; where every rollout earned
 # the same (SWE's seed: nothing resolved, every group dead) they cannot change a step, and drawing one of
 # them only delays an entry that can create a difference (a credit, guidance, a prompt, more samples).
-SOME_REWARD = {"metric": "train_reward_std", "op": ">", "value": 0.0}
+SOME_REWARD = when("train_reward_std", ">", 0.0)
 
 # ---- reward ---------------------------------------------------------------------------------------
 FORMAT_CREDIT = '''def reward(rollouts, tasks):

@@ -1,10 +1,9 @@
 """What an intervention-library entry is: ``LibraryEntry`` (its trigger, its one edit, its
-parameters) and the value rules it applies (``same_value``, ``knob_values``; its trigger is read by
-``triggers.holds``).
+parameters) and the value rules it applies (``same_value``, ``knob_values``; its trigger's conditions
+are written with ``triggers.when`` and read by ``triggers.holds``).
 
 A module of its own so that the data modules (``library_entries.py``, ``swe_entries.py``) and the
-``library`` operator (``library.py``, which re-exports these names) import it without importing each
-other.
+``library`` operator (``library.py``) import it without importing each other.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
 from evotrainer.operators.knobs import inert_knobs
-from evotrainer.operators.library import Applicable, LibraryOperator, propose_entry, same_value
+from evotrainer.operators.library import Applicable, LibraryOperator, propose_entry
+from evotrainer.operators.library_entry import same_value
 from evotrainer.operators.llm import LLMOperator
 from evotrainer.operators.llm_client import BudgetExhausted, Completion, LLMError, accepts_json_schema
 

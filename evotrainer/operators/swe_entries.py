@@ -39,13 +39,10 @@ from __future__ import annotations
 
 from evotrainer.operators.intervention import ExpectedEffect
 from evotrainer.operators.library_entry import KnobMove, LibraryEntry, Param
+from evotrainer.operators.triggers import when
 
 FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
 FEWER_MALFORMED = ExpectedEffect("malformed_call_rate", "<", 0.5)
-
-
-def when(metric: str, op: str, value: float) -> dict:
-    return {"metric": metric, "op": op, "value": value}
 
 
 CALL_FORM_CREDIT = '''def reward(rollouts, tasks):

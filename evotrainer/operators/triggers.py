@@ -17,6 +17,11 @@ TRIGGER_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": oper
                "!=": operator.ne}
 
 
+def when(metric: str, op: str, value: float) -> dict[str, Any]:
+    """One condition of a trigger: ``metric op value`` (``op`` one of ``TRIGGER_OPS``)."""
+    return {"metric": metric, "op": op, "value": value}
+
+
 def holds(condition: dict[str, Any], metrics: dict[str, Any]) -> bool:
     """A condition on a metric that is absent or not a number does not hold."""
     x = finite_or_none(metrics.get(condition["metric"]))
