@@ -100,15 +100,3 @@ def apply_revert(versions: RunVersions, revert: dict) -> None:
     meta.decision = {**(meta.decision or {}), "reverted_to": revert["to"], "revert_reason": revert["reason"]}
     vd.save_meta(meta)
 
-
-def revert_regressed(versions: RunVersions, survivors: list[str], generation: int, cfg: GateConfig,
-                     history: list[dict], say: Callable[[str], None] = lambda msg: None) -> list[str]:
-    """Survivors that regressed from an ancestor are replaced by it: the next generation continues
-    the ancestor (its adapter and harness), and the regressed version is pruned with the reason.
-    (Plan and apply in one go; the select stage does the two with a state save between.)"""
-    out, reverts = plan_reverts(versions, survivors, generation, cfg, say)
-    for r in reverts:
-        apply_revert(versions, r)
-        history.append(r)
-        say(f"gen {generation}: {r['parent']} regressed from {r['to']}; reverting to it ({r['reason'][:80]})")
-    return out
