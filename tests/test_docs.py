@@ -192,3 +192,15 @@ def test_the_site_builds_strictly(tmp_path):
     cli_page = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     assert "evolution.budget.wall_time_s" in config_page and "generated: config reference" not in config_page
     assert "evotrainer genome run" in cli_page and "generated: cli reference" not in cli_page
+
+
+def test_the_documents_the_package_cites_exist():
+    """A module that points a reader at a page (``docs/...md``, or a top-level ``NAME.md``) points at one
+    the repository has."""
+    cited = {}
+    for path in sorted((ROOT / "evotrainer").rglob("*.py")):
+        for name in re.findall(r"(?<![\w/.-])(docs/[\w/.-]+\.md|[A-Z][A-Z_]+\.md)\b", path.read_text()):
+            cited.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    assert "docs/concepts/one-generation.md" in cited
+    missing = {name: where for name, where in cited.items() if not (ROOT / name).is_file()}
+    assert not missing, f"documents cited but absent: {missing}"

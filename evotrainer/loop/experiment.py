@@ -1,10 +1,11 @@
 """The co-evolution loop: a population of LoRA branches co-evolving with their harnesses.
 
-One generation, top to bottom (DESIGN.md, "One generation of the loop"):
+One generation, top to bottom, in the five stages of ``records/run_state.py::STAGES``
+(docs/concepts/one-generation.md; where this module sits: docs/architecture.md):
 
-    train live versions k steps → verify on held-out → health reports (in verify) → gate children
-    against their control siblings → record → select survivors → propose children (operators +
-    backtest) and continue survivors → next generation
+    train live versions k steps → verify on held-out (and write the health reports) → gate children
+    against their control siblings (and record every version) → select survivors (and revert
+    regressions) → propose children (operators + backtest) and continue survivors → next generation
 
 State is saved after every stage and every version, so ``resume`` after ``kill -9`` repeats no
 finished work and duplicates nothing (stages are idempotent; MLflow records are keyed by version).
