@@ -45,7 +45,7 @@ def _fail(msg: str) -> int:
 
 def _not_a_version(d: str, need_train: bool = False) -> str | None:
     """Why ``d`` cannot be judged as a version directory (None when it can): a folder without a
-    version's record used to produce an empty report, and a backtest on 0 rollouts said ACCEPT."""
+    version's record would give an empty report, and a backtest on 0 rollouts would say ACCEPT."""
     path = Path(d)
     if not path.is_dir():
         return f"{d} is not a version directory (it does not exist)"

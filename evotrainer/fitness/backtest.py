@@ -62,7 +62,7 @@ def replay_reaches(parent: HarnessProgram, child: HarnessProgram) -> bool:
     try:
         factors = factors_changed(parent, child)
     except ContractError:
-        return True   # judged as before; the replay itself reports the broken candidate
+        return True   # the factors cannot be read: replay the candidate, which reports it broken
     for f in factors:
         kind, _, name = f.partition(":")
         if kind == "hook" and name in REPLAYED_HOOKS:

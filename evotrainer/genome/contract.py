@@ -61,7 +61,7 @@ def check_knobs_read(program: HarnessProgram) -> None:
     name the genome's code mentions outside KNOBS (``KNOBS["scale_rewards"]`` in its ``advantages``),
     or one a reference hook it falls back to mentions (the sandbox hands a fallback hook the genome's
     KNOBS). A knob nothing reads would make every change of it a no-op child that trains, gates and
-    ties: it used to be dropped silently."""
+    ties, so it is refused here, naming the knob, rather than ignored."""
     unread = [n for n in program.knobs if n not in TRAINER_SETTINGS and n not in knob_names_read(program)]
     if unread:
         raise ContractError(f"KNOBS {', '.join(map(repr, unread))}: declared but nothing reads it (not a "
@@ -89,7 +89,7 @@ def knob_names_read(program: HarnessProgram) -> set[str]:
 def check_knob_rules(program: HarnessProgram) -> None:
     """Every value a recipe knob may take (its value, its choices, its range's ends) obeys the rule the
     config's ``grpo`` section gives that setting, so a genome that passes here is one the trainer
-    accepts (``num_generations: 1`` or ``loss_type: magic`` used to pass the check and fail in train)."""
+    accepts (``num_generations: 1`` or ``loss_type: magic`` is refused here, not when training starts)."""
     for name, spec in program.knobs.items():
         if name not in GRPOSection.model_fields or not isinstance(spec, dict):
             continue

@@ -188,7 +188,7 @@ class Experiment:
     def select_stage(self, g: int) -> None:
         """Selection and reverts are planned first and saved with the state (survivors, the reverts'
         history records, the versions to prune) in one write; then the plan is applied, idempotently.
-        Pruning before that save used to lose a revert on resume: a pruned version is no candidate."""
+        Pruning only after that save is what keeps a revert on resume: a pruned version is no candidate."""
         s = self.state
         plan = s.selection if s.selection and s.selection.get("generation") == g else None
         if plan is None:

@@ -26,7 +26,7 @@ def seed_program(cfg: Config) -> HarnessProgram:
     program = load_program(cfg.harness, cfg.domain.name)
     overrides = {k: v for k, v in cfg.grpo.model_dump().items() if v is not None}
     # An override of a setting only a hook reads (scale_rewards) reaches training only through the
-    # genome's KNOBS: without that knob nothing would read it, and it used to be dropped silently.
+    # genome's KNOBS: without that knob nothing would read it, so it is refused rather than ignored.
     unread = sorted(k for k in overrides if k not in program.knobs and k not in TRAINER_SETTINGS)
     if unread:
         raise ConfigError(f"field 'grpo.{unread[0]}': the harness declares no knob {unread[0]!r} and it is not a "

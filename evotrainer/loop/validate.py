@@ -3,7 +3,7 @@
 ``train`` and ``run`` call it first, so a typo in an operator name, a missing harness or data file,
 a level without enough problems, a model folder that does not exist, a device the machine lacks or
 a LoRA target the model does not have is one ``ConfigError`` naming the field, not a traceback an
-hour in (an unknown operator used to surface only after generation 0 had trained).
+hour in (an unknown operator would otherwise surface only after generation 0 had trained).
 
 It also holds the rule for ``sandbox: false``: hooks then run in the engine's own process with the
 user's rights, so that is allowed only for a harness the user wrote and named (after the same
@@ -204,8 +204,8 @@ def _operators(cfg: Config) -> None:
 
 def _local_llm(cfg: Config, weights: dict[str, float]) -> None:
     """An LLM operator without a server runs ``evolution.llm.model`` locally: it must be a model this
-    machine has (found at the first proposal, after a generation's training, it used to reject every
-    proposal of the run with ModelNotFoundError)."""
+    machine has: checked here, before any training, because found only at the first proposal it would
+    reject every proposal of the run with ModelNotFoundError."""
     from evotrainer.policy.base_model import EMBEDDED, TINY  # the training stack: validation loads it below anyway
 
     llm = cfg.evolution.llm

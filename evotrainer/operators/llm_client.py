@@ -68,8 +68,8 @@ class TokenBudget:
     def __init__(self, max_calls: int | None = None, max_tokens: int | None = None, max_cost_usd: float | None = None,
                  usd_per_1m_prompt: float = 0.0, usd_per_1m_completion: float = 0.0,
                  on_change: Callable[[], None] | None = None) -> None:
-        # Called after every reserve and charge: the run persists its count then, so a call made just
-        # before a crash is not lost from the count (it used to be saved only with the next stage).
+        # Called after every reserve and charge: the run persists its count then, not only with the next
+        # stage, so a call made just before a crash is not lost from the count.
         self.on_change = on_change
         self.max_calls = max_calls
         self.max_tokens = max_tokens

@@ -78,7 +78,8 @@ def load_state(run_dir: str | Path) -> RunState:
     return state
 
 
-# The type every field must have (a damaged file used to pass, and fail later in a comparison).
+# The type every field must have: a damaged file is refused on load, naming the field, rather than
+# failing later in a comparison.
 _TYPES = {"generation": int, "stage": str, "status": str, "stop_reason": (str, type(None)), "live": list,
           "survivors": list, "selection": (dict, type(None)), "exploit_from": (int, type(None)), "next_id": int,
           "budget_used": dict, "approvals": dict, "gates": dict, "operator_stats": dict, "history": list,

@@ -1,9 +1,9 @@
 """The run's sqlite MLflow store, created whole or not at all.
 
 MLflow builds a new sqlite store by running its migrations, a few seconds of DDL. A process stopped
-in between (Ctrl-C, kill -9) used to leave a store with some of its tables, which every later open
-tried to build again ("table registered_models already exists"): the run could never be resumed.
-The store is now built under a temporary name and renamed into place. An existing store is opened
+in between (Ctrl-C, kill -9) would leave a store with some of its tables, which every later open
+would try to build again ("table registered_models already exists"), so the run could never be
+resumed. The store is therefore built under a temporary name and renamed into place. An existing store is opened
 by MLflow, which upgrades one an older MLflow made; only one that MLflow cannot open because it is
 half-built is moved aside (it cannot hold a record: nothing is written before its tables exist),
 and ``resume`` records every version into the new one.
