@@ -204,3 +204,16 @@ def test_the_documents_the_package_cites_exist():
     assert "docs/concepts/one-generation.md" in cited
     missing = {name: where for name, where in cited.items() if not (ROOT / name).is_file()}
     assert not missing, f"documents cited but absent: {missing}"
+
+
+def test_one_generation_lists_the_stages_the_state_machine_has():
+    """docs/concepts/one-generation.md numbers the stages of a generation, in its list and its chart, and
+    docs/architecture.md names them: the run state's STAGES, in order (sub-steps live inside a stage)."""
+    from evotrainer.records.run_state import STAGES
+
+    page = (DOCS / "concepts" / "one-generation.md").read_text().split("\n## ", 1)[0]
+    listed = [m.lower() for m in re.findall(r"^\d+\. \*\*(\w+)\*\*", page, re.M)]
+    charted = re.findall(r'\["\d+\. (\w+):', page)
+    assert listed == list(STAGES) and charted == list(STAGES), (listed, charted)
+    architecture = (DOCS / "architecture.md").read_text()
+    assert f"`records/run_state.py::STAGES`: {', '.join(STAGES)};" in " ".join(architecture.split())
