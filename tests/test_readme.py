@@ -93,3 +93,13 @@ def test_make_demo_runs_the_co_evolution_quickstart_as_the_readme_says():
     assert ev.population_size == 4 and ev.generations >= 3 and ev.llm.base_url is None
     assert {"knobs", "crossover"} <= set(ev.operators) and any(op.startswith("llm_") for op in ev.operators)
     assert ev.budget.wall_time_s is not None
+
+
+def test_the_front_pages_claim_on_gpus_only_what_was_measured():
+    """The opening paragraph of the README and of the docs' home says what ran on a GPU (the transformers
+    engine, one H200, random-init weights) and that vLLM on CUDA is not measured, never "unchanged"."""
+    for name, text in (("README.md", README), ("docs/index.md", ROOT.joinpath("docs", "index.md").read_text())):
+        intro = " ".join(text.split("```", 1)[0].split())
+        assert "unchanged" not in intro, name
+        assert "transformers engine has run the loop on one H200 with random-init weights" in intro, name
+        assert "vLLM on CUDA is not measured" in intro, name
