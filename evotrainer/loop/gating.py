@@ -184,8 +184,9 @@ def after_gate(run: GateInputs, meta: BranchVersion, control: str | None) -> Non
         if hasattr(knobs, "tell"):   # TPE learns from the paired delta against the control, not raw scores
             knobs.tell(meta.genome_hash, delta.get("mean_delta") if meta.status != "invalid" else None)
     if run.mix is not None and meta.operator:
-        # Credit is fitness: a confirmed hypothesis whose child did not win (truncation fell, held-out
-        # did not rise) used to raise its entry's weight, and the entry was proposed again and again.
+        # Credit is fitness, not a confirmed hypothesis: a child whose hypothesis held (truncation fell)
+        # but whose held-out score did not rise would otherwise raise its entry's weight, and the entry
+        # would be proposed again and again.
         entry = ((meta.intervention or {}).get("details") or {}).get("entry")
         run.mix.credit(meta.operator, meta.status == "promoted", entry=entry)
     for h in run.history:

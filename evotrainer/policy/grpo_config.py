@@ -3,8 +3,7 @@ the field names to tell a knob training reads from one it would silently drop.
 
 Every field here is read by ``policy/grpo.py`` or ``policy/train_step.py``. Settings that only a
 harness hook reads (``scale_rewards``, read by the ``advantages`` hook) are harness knobs, not
-fields: a field no part of training read used to be accepted and ignored (``scale_rewards`` and
-``gradient_accumulation_steps`` were, issue 14).
+fields: a field that no part of training reads would be accepted and silently ignored.
 """
 
 from __future__ import annotations
