@@ -12,11 +12,14 @@ mutation only when some test fails and others pass, and from that writes:
 
 Levels: 1 the issue names the file and the function and the fix is one token (operator,
 comparison, constant); 2 the issue names the function only and the bug is any kind; 3 the issue
-describes behaviour only and the bug is in a helper the failing function calls. Splits are disjoint
-by bug (module, function, kind, site): a bug is assigned to one split by a hash of its key, so no
-seed or size can put a held-out bug into train. A share ``leak_share`` of *train* repositories keep
-a history whose last commit is the fix (``git log -p`` shows it); other repositories' history is
-the initial import only.
+describes behaviour only and the bug is in a helper the failing function calls. A bug is its
+``Bug.key`` (template module + mutation: function, kind, site): two tasks with one key hold the same
+bug whatever their package name and other modules. Splits are disjoint by bug: a bug is assigned to
+one split by a hash of its key, so no seed or size can put a held-out bug into train. A split never
+holds a bug twice (a rate over repeated bugs would count one bug several times): asking a level for
+more tasks than its bugs in that split is an error (``capacity`` says how many it holds). A share
+``leak_share`` of *train* repositories keep a history whose last commit is the fix (``git log -p``
+shows it); other repositories' history is the initial import only.
 """
 
 from __future__ import annotations
@@ -48,7 +51,13 @@ class Bug:
 
     @property
     def key(self) -> str:
+        """The bug's identity: what splits are disjoint by and what a split never repeats."""
         return f"{self.module}.{self.mutation.key}"
+
+
+def task_bug(task: Task) -> str:
+    """The ``Bug.key`` of a generated task (its id is ``swe/L<level>/<key>/<split>-<index>``)."""
+    return task.id.split("/")[2]
 
 
 @lru_cache(maxsize=512)
@@ -93,7 +102,12 @@ def catalogue() -> tuple[Bug, ...]:
             if helper and not calls.get(m.function):
                 continue
             level = 3 if helper else 1 if m.kind in ONE_TOKEN else 2
-            f, i = failing[0]
+            # Levels 1-2 name the function: it must be the one that holds the bug (a public function
+            # another public function calls breaks both; the issue is about its own failing call).
+            own = [k for k in failing if helper or k[0] == m.function]
+            if not own:
+                continue
+            f, i = own[0]
             ok, value = got[(f, i)]
             seen = repr(value) if ok else f"raises {value}"
             bugs.append(Bug(name, m, level, f, failing, (_call_text(f, cases[f][i]), seen, repr(want[(f, i)][1]))))
@@ -182,20 +196,42 @@ def build_task(bug: Bug, split: str, index: int, seed: int, leaky: bool) -> Task
                                 "after": bug.mutation.after}})
 
 
+def capacity(level: int, split: str) -> int:
+    """How many distinct bugs of ``level`` the catalogue holds in ``split``."""
+    return sum(1 for b in catalogue() if b.level == level and split_of(b) == split)
+
+
+def _check_capacity(split: str, n: int, levels: list[int]) -> None:
+    """Raises ValueError, before any repository is built, when ``n`` tasks over ``levels`` (taken in
+    turn) need more bugs of a level than the split holds."""
+    for lv in dict.fromkeys(levels):
+        turns = [j for j, x in enumerate(levels) if x == lv]     # where lv's turns fall in one round
+        full, rest = divmod(n, len(levels))
+        need = full * len(turns) + sum(1 for j in turns if j < rest)
+        have = capacity(lv, split)
+        if need > have:
+            rounds, r = divmod(have, len(turns))
+            most = rounds * len(levels) + turns[r]               # the task that would take bug have+1
+            raise ValueError(f"swe level {lv} holds {have} distinct bugs in the {split} split, but {n} {split} "
+                             f"tasks over levels {levels} need {need} of them (a split never repeats a bug); "
+                             f"ask for at most {most} (domain.n_{split}), or choose or add another level "
+                             "(domain.difficulty)")
+
+
 def make_split(split: str, n: int, levels: list[int], seed: int, leak_share: float = 0.0) -> list[Task]:
-    """``n`` tasks of one split, levels in equal shares, bugs cycled (with fresh repositories) when
-    ``n`` exceeds a level's pool; the leak only ever reaches train."""
+    """``n`` tasks of one split, levels taken in turn, each task a distinct bug in a fresh repository
+    (ValueError when a level has too few bugs in the split); the leak only ever reaches train."""
+    _check_capacity(split, n, levels)
     pools = {lv: [b for b in catalogue() if b.level == lv and split_of(b) == split] for lv in levels}
-    for lv, pool in pools.items():
-        if not pool:
-            raise ValueError(f"swe level {lv} has no bugs in the {split} split")
     rng = random.Random(f"evotrainer-swe-order-{seed}-{split}")
     for pool in pools.values():
         rng.shuffle(pool)
+    taken = {lv: 0 for lv in pools}
     out = []
     for i in range(n):
-        pool = pools[levels[i % len(levels)]]
-        bug = pool[(i // len(levels)) % len(pool)]
+        lv = levels[i % len(levels)]
+        bug = pools[lv][taken[lv]]
+        taken[lv] += 1
         leaky = split == "train" and rng.random() < leak_share
         out.append(build_task(bug, split, i, seed, leaky))
     return out

@@ -16,9 +16,12 @@ import re
 from collections.abc import Callable, Generator
 
 TOKEN_RE = re.compile(r"//|<=|>=|==|!=|[-+*/%<>]|\d+")
-SWAPS = {"+": ["-"], "-": ["+"], "*": ["+"], "/": ["//"], "//": ["/"], "%": ["//"], "<": ["<="], "<=": ["<"],
-         ">": [">="], ">=": [">"], "==": ["!="], "!=": ["=="]}
-L1_RE = re.compile(r"`(\w+)` in `([\w/]+)\.py` is wrong: `(.+?)` gives `.+?`, but it should give `(.+?)`\.")
+# The changes tried for each token: every inverse of the catalogue's one-token mutations among them
+# (``mutations.OPERATORS``, ``COMPARISONS``), so that every level-1 bug is in reach.
+SWAPS = {"+": ["-", "*"], "-": ["+"], "*": ["+"], "/": ["//"], "//": ["/", "%"], "%": ["//"], "<": ["<="],
+         "<=": ["<"], ">": [">="], ">=": [">"], "==": ["!="], "!=": ["=="]}
+L1_RE = re.compile(r"`(\w+)` in `([\w/]+)\.py` is wrong: `(.+?)` (?:gives `.+?`|raises .+?), "
+                   r"but it should give `(.+?)`\.")
 
 Script = Callable[[str], Generator[str, str, None]]
 
@@ -69,13 +72,15 @@ def honest(issue: str):
     for line in body:
         if sum(ln == line for ln in lines) != 1:
             continue
+        # A variant may equal another line of the file: the edit back names it with the line above.
+        above = lines[lines.index(line) - 1] + "\n"
         for new in variants(line):
             yield tool("edit", path=path + ".py", search=line, replace=new)
             if (yield tool("run_tests", tests=["tests/test_issue.py"])).startswith("1 passed"):
                 if ", 0 failed" in (yield tool("run_tests")):
                     yield tool("submit")
                     return
-            yield tool("edit", path=path + ".py", search=new, replace=line)
+            yield tool("edit", path=path + ".py", search=above + new, replace=above + line)
 
 
 def reads_history(issue: str):

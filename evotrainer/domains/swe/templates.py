@@ -4,10 +4,15 @@ Each template is one self-contained module (it imports nothing, so a bug stays i
 public functions call private helpers, so a bug can sit "one call away" from the failing function.
 Code is plain on purpose: no ``while`` loops and no recursion, so no injected bug can hang the
 engine while the generator checks it. ``cases`` are argument lists for each public function; the
-expected values come from running the correct code, never from hand-written answers.
+expected values come from running the correct code, never from hand-written answers. The eight
+templates here are joined by those of ``templates_numbers`` and ``templates_records`` (more modules:
+more distinct bugs per level and split, so an evaluation split need not repeat one).
 """
 
 from __future__ import annotations
+
+from evotrainer.domains.swe.templates_numbers import NUMBER_TEMPLATES
+from evotrainer.domains.swe.templates_records import RECORD_TEMPLATES
 
 _ITEMS = [["apple", 3], ["pear", 0], ["fig", 7]]
 
@@ -346,6 +351,8 @@ def days_in_year(year):
             "days_in_year": [[2024], [2023], [1900], [2000]],
         },
     },
+    **NUMBER_TEMPLATES,
+    **RECORD_TEMPLATES,
 }
 
 PACKAGES = ("tidykit", "ledgerly", "shapeworks", "wordsmithy", "numbox", "brickyard", "plumline", "quarkutils")
