@@ -64,7 +64,7 @@ def generation(tmp_path, child_correct: int, control_correct: int | None = 4, ch
     """(the gate's inputs, the messages it said): v0000 → control v0001, child v0002."""
     versions = RunVersions(tmp_path / "versions")
     write(versions, "v0000", [], 0, 4, status="kept")
-    write(versions, "v0001", ["v0000"], 1, control_correct, status="verified" if control_correct is not None else "failed")
+    write(versions, "v0001", ["v0000"], 1, control_correct, status="verified" if control_correct is not None else "rejected")
     write(versions, "v0002", ["v0000"], 1, child_correct, operator="knobs", genome=child_genome)
     said: list[str] = []
     history = [{"generation": 1, "child": "v0002", "parent": "v0000", "operator": "knobs"}]

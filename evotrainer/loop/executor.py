@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from evotrainer.loop.training import train_version, train_versions, verify_versions
 from evotrainer.policy.collect import shares_batches
+from evotrainer.records.version import Status
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -40,11 +41,11 @@ class LocalExecutor:
 
     def train(self, exp: Experiment, vids: list[str]) -> None:
         g = exp.state.generation
-        pending = [v for v in vids if exp.vdir(v).meta().status == "pending"]
+        pending = [v for v in vids if exp.vdir(v).meta().status == Status.PENDING]
         if len(pending) > 1 and shares_batches(exp.runtime.engine, exp.runtime.domain, len(pending)):
             self._train_together(exp, pending)
         for vid in vids:   # the rest one at a time: already done, or left when the batch started
-            if exp.vdir(vid).meta().status == "pending":
+            if exp.vdir(vid).meta().status == Status.PENDING:
                 if exp.prune_if_budget_spent(vid):
                     continue
                 exp.say(f"gen {g}: training {vid}")
@@ -72,7 +73,7 @@ class LocalExecutor:
     def verify(self, exp: Experiment, vids: list[str]) -> None:
         g = exp.state.generation
         for vid in vids:   # what verify_versions verifies: a version pruned untrained is not
-            if exp.vdir(vid).meta().status == "trained":
+            if exp.vdir(vid).meta().status == Status.TRAINED:
                 exp.say(f"gen {g}: verifying {vid} on {len(exp.runtime.heldout_tasks)} held-out tasks")
 
         def done(vid: str) -> None:

@@ -45,10 +45,10 @@ from evotrainer.loop.start import note_selection, verify_start
 from evotrainer.loop.summary import print_summary
 from evotrainer.loop.seed import seed_program
 from evotrainer.loop.validate import validate_resources
-from evotrainer.loop.versions import SETTLED, new_version
+from evotrainer.loop.versions import new_version
 from evotrainer.records import run_dir as rundir
 from evotrainer.records.run_state import RunState, load_state, save_state
-from evotrainer.records.version import VersionDir, read_json, write_atomic
+from evotrainer.records.version import SETTLED, Status, VersionDir, read_json, write_atomic
 from evotrainer.tracking.lineage import LineageTracker
 
 
@@ -134,7 +134,7 @@ class Experiment:
         except BudgetReached as e:
             s.status, s.stop_reason = "stopped", str(e)
             for vid in s.live:  # proposed but never trained: keep the record, mark why
-                if self.vdir(vid).meta().status in ("pending", "awaiting_approval"):
+                if self.vdir(vid).meta().status in (Status.PENDING, Status.AWAITING_APPROVAL):
                     self.prune_if_budget_spent(vid)
             self.say(f"stopping cleanly: {e}")
         finally:
@@ -216,8 +216,8 @@ class Experiment:
             apply_revert(self.run_versions, r)
             self.say(f"gen {g}: {r['parent']} regressed from {r['to']}; reverting to it ({r['reason'][:80]})")
         for vid in plan["prune"]:
-            if self.vdir(vid).meta().status != "pruned":
-                self.set_status(vid, "pruned")
+            if self.vdir(vid).meta().status != Status.PRUNED:
+                self.set_status(vid, Status.PRUNED)
                 crash_point("select:pruned")
         self.say(f"gen {g}: survivors {', '.join(s.survivors) or 'none'}")
         s.live = []
@@ -249,7 +249,7 @@ class Experiment:
             self.state.stop_reason = str(e)
             vd = self.vdir(vid)
             meta = vd.meta()
-            meta.status, meta.decision = "pruned", {"reasons": [f"not trained: {e}"]}
+            meta.status, meta.decision = Status.PRUNED, {"reasons": [f"not trained: {e}"]}
             vd.save_meta(meta)
             self.record(vid)
             self.say(f"{vid} not trained: {e}")

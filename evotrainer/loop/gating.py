@@ -25,7 +25,7 @@ from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.skills import SkillLibrary
 from evotrainer.operators.registry import OperatorMix
 from evotrainer.operators.triggers import report_metrics
-from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
+from evotrainer.records.version import BranchVersion, Status, VersionDir, write_atomic
 
 
 def _untimed(key: str) -> ContextManager[None]:
@@ -72,7 +72,7 @@ def gate_version(run: GateInputs, vid: str, finish: bool = True) -> None:
     operator credit) wait for the person's decision and a later call."""
     vd = run.versions.vdir(vid)
     meta = vd.meta()
-    if meta.status != "verified":
+    if meta.status != Status.VERIFIED:
         if finish and meta.operator is not None and "hypothesis" in (meta.decision or {}):   # gated, then a crash
             finish_gate(run, vd, meta, control_of(run.versions, meta))
         return
@@ -89,11 +89,11 @@ def gate_version(run: GateInputs, vid: str, finish: bool = True) -> None:
     meta.violations = [{"name": "gate", "message": r} for r in decision.reasons
                        if r.startswith(("engine check", "harness validity"))]
     if not decision.valid:
-        meta.status = "invalid"
+        meta.status = Status.INVALID
     elif is_child:
-        meta.status = "promoted" if decision.promote else child_outcome(decision.paired, run.keep_ties)
+        meta.status = Status.PROMOTED if decision.promote else child_outcome(decision.paired, run.keep_ties)
     else:
-        meta.status = "kept"
+        meta.status = Status.KEPT
     if is_child:
         meta.hypothesis = hypothesis_verdict(meta, control_dir, report, decision.paired)
         meta.decision["hypothesis"] = meta.hypothesis
@@ -155,16 +155,16 @@ def child_outcome(paired: dict | None, keep_ties: bool) -> str:
     """A valid child the gate did not promote: rejected when significantly worse than its control (or
     not comparable), kept as a tie otherwise (when ties live on)."""
     if not paired or "ci_high" not in paired:
-        return "rejected"
+        return Status.REJECTED
     worse = float(paired["ci_high"]) < 0.0
-    return "rejected" if worse or not keep_ties else "kept"
+    return Status.REJECTED if worse or not keep_ties else Status.KEPT
 
 
 def hypothesis_verdict(meta: BranchVersion, control: VersionDir | None, report: HealthReport | None,
                        paired: dict | None) -> dict:
     """The intervention's expected effect judged against the child's and its control's measurements."""
     expected = (meta.intervention or {}).get("expected_effect")
-    if meta.status == "invalid":
+    if meta.status == Status.INVALID:
         return {"verdict": "refuted", "expected": expected, "reason": "the branch is invalid: whatever it "
                 "scores, the intervention did not do what it claimed"}
     child = report.metrics if report else {}
@@ -182,20 +182,20 @@ def after_gate(run: GateInputs, meta: BranchVersion, control: str | None) -> Non
     if meta.operator == "knobs" and run.mix is not None:
         knobs = run.mix.operator("knobs")
         if hasattr(knobs, "tell"):   # TPE learns from the paired delta against the control, not raw scores
-            knobs.tell(meta.genome_hash, delta.get("mean_delta") if meta.status != "invalid" else None)
+            knobs.tell(meta.genome_hash, delta.get("mean_delta") if meta.status != Status.INVALID else None)
     if run.mix is not None and meta.operator:
         # Credit is fitness, not a confirmed hypothesis: a child whose hypothesis held (truncation fell)
         # but whose held-out score did not rise would otherwise raise its entry's weight, and the entry
         # would be proposed again and again.
         entry = ((meta.intervention or {}).get("details") or {}).get("entry")
-        run.mix.credit(meta.operator, meta.status == "promoted", entry=entry)
+        run.mix.credit(meta.operator, meta.status == Status.PROMOTED, entry=entry)
     for h in run.history:
         if h.get("child") == meta.id:
             h["outcome"] = meta.status
             h["heldout_accuracy"] = score
             h["paired_delta"] = delta.get("mean_delta")
             h["hypothesis_verdict"] = verdict
-    if meta.status == "promoted" and meta.intervention and verdict == "confirmed":
+    if meta.status == Status.PROMOTED and meta.intervention and verdict == "confirmed":
         parent_health = run.versions.vdir(meta.parents[0]).path / "health.json"
         trigger = report_metrics(json.loads(parent_health.read_text())) if parent_health.is_file() else {}
         run.skills.record_confirmed(meta.intervention, meta.decision or {}, run.domain, trigger,

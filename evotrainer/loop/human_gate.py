@@ -36,7 +36,7 @@ from evotrainer.operators import Evidence, OperatorError
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.intervention import Intervention
 from evotrainer.records.run_dir import RunDirError
-from evotrainer.records.version import write_atomic
+from evotrainer.records.version import Status, write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -124,12 +124,12 @@ def hold_children(exp: Experiment) -> bool:
     s = exp.state
     for vid in list(s.live):
         meta = exp.vdir(vid).meta()
-        if meta.status != "awaiting_approval" or s.approvals.get(vid) == "pending":
+        if meta.status != Status.AWAITING_APPROVAL or s.approvals.get(vid) == "pending":
             continue
         if point_of(exp, vid) == "design":
             _backtest_designed(exp, vid)
         else:   # approved at backtest by an older CLI, which left the status: it trains
-            _set_status(exp, vid, "pending")
+            _set_status(exp, vid, Status.PENDING)
     return pause(exp)
 
 
@@ -141,7 +141,7 @@ def _backtest_designed(exp: Experiment, vid: str) -> None:
         backtested = backtest_child(exp.proposal_inputs(), iv, meta.parents[0])
         write_atomic(vd.path / "backtest.json", backtested.to_json())
         if not backtested.accept:
-            meta.status = "rejected"
+            meta.status = Status.REJECTED
             meta.decision = {**(meta.decision or {}), "reasons": [f"backtest: {r}" for r in backtested.reasons[:5]]}
             vd.save_meta(meta)
             _history_outcome(exp, vid, "backtest_rejected", reasons=backtested.reasons[:5])
@@ -155,7 +155,7 @@ def _backtest_designed(exp: Experiment, vid: str) -> None:
         open_decision(exp, vid, "backtest", meta.generation)
         exp.save()
     else:
-        _set_status(exp, vid, "pending")
+        _set_status(exp, vid, Status.PENDING)
 
 
 def holds_completion(exp: Experiment, vid: str) -> bool:
@@ -163,7 +163,7 @@ def holds_completion(exp: Experiment, vid: str) -> bool:
     if not enabled(exp, "completion"):
         return False
     meta = exp.vdir(vid).meta()
-    gated = meta.status == "verified" or "hypothesis" in (meta.decision or {})
+    gated = meta.status == Status.VERIFIED or "hypothesis" in (meta.decision or {})
     return meta.operator is not None and gated and not decided(exp, vid, "completion", meta.generation)
 
 
@@ -188,7 +188,7 @@ def approve(exp: Experiment, ids: list[str] | None = None, reason: str = "", by:
         _record(exp, vid, point, "approve", reason, by)
         exp.state.approvals[vid] = "approved"
         if point == "backtest":
-            _set_status(exp, vid, "pending", record=False)
+            _set_status(exp, vid, Status.PENDING, record=False)
         exp.record(vid)
     _settle(exp)
     return ids
@@ -209,7 +209,7 @@ def abort(exp: Experiment, ids: list[str] | None = None, reason: str = "", by: s
             vd = exp.vdir(vid)
             meta = vd.meta()
             was = meta.status
-            meta.status = "rejected"
+            meta.status = Status.REJECTED
             mine = [f"rejected by a person at {point}{': ' + reason if reason else ''}"] + (
                 [f"the gate's outcome was {was}"] if point == "completion" else [])
             meta.decision = {**(meta.decision or {})}
@@ -262,7 +262,7 @@ def revise(exp: Experiment, vid: str, *, genome: str | Path | None = None, hypot
 def _override_outcome(exp: Experiment, vid: str, outcome: str, reason: str, by: str | None) -> None:
     vd = exp.vdir(vid)
     meta = vd.meta()
-    allowed = {"promoted": OUTCOMES, "kept": ("rejected",)}.get(meta.status, ())
+    allowed = {Status.PROMOTED: OUTCOMES, Status.KEPT: (Status.REJECTED,)}.get(meta.status, ())
     if outcome not in allowed:
         raise HumanGateError(f"{vid} was gated {meta.status}: a person may hold a promotion back (to kept or "
                              f"rejected) or reject a kept child, never promote; {outcome!r} is not allowed here")

@@ -28,7 +28,7 @@ from evotrainer.operators.intervention import Intervention
 from evotrainer.operators.registry import OperatorMix
 from evotrainer.operators.triggers import report_metrics
 from evotrainer.records.run_state import RunState
-from evotrainer.records.version import write_atomic
+from evotrainer.records.version import Status, write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -131,7 +131,7 @@ def promoted_factors(exp: Experiment, vid: str) -> list[str]:
     while vid and vid not in seen and exp.vdir(vid).path.is_dir():
         seen.add(vid)
         meta = exp.vdir(vid).meta()
-        if meta.operator is not None and meta.status == "promoted" and meta.factor and meta.factor not in out:
+        if meta.operator is not None and meta.status == Status.PROMOTED and meta.factor and meta.factor not in out:
             out.append(meta.factor)
         vid = meta.parents[0] if meta.parents else None
     return out
@@ -242,7 +242,7 @@ def admit(run: ProposalInputs, iv: Intervention, pid: str, extra_parents: list[s
             run.say(f"gen {generation}: {iv.operator} child of {pid} rejected by backtest: {backtested.reasons[:1]}")
             run.save()
             return None
-    status = "awaiting_approval" if gate else "pending"
+    status = Status.AWAITING_APPROVAL if gate else Status.PENDING
     cid = run.new_child(run.versions.vdir(pid).meta(), iv.child_source, generation, operator=iv.operator,
                         factor=iv.factor, intervention=iv.to_dict(), extra_parents=extra_parents, status=status)
     if backtested is not None:

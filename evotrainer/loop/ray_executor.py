@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from evotrainer.config import Config, ConfigError
 from evotrainer.loop.branch_worker import BranchWorker
 from evotrainer.loop.crash import crash_point
+from evotrainer.records.version import Status
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -103,7 +104,7 @@ class RayExecutor:
 
     def _dispatch(self, exp: Experiment, vids: list[str], budgeted: bool) -> None:
         ray, g, k = self.ray, exp.state.generation, exp.cfg.evolution.steps_per_generation
-        todo = ("pending", "trained") if budgeted else ("trained",)
+        todo = (Status.PENDING, Status.TRAINED) if budgeted else (Status.TRAINED,)
         queue, in_flight, attempts = [], {}, {}
         for vid in vids:
             if exp.vdir(vid).meta().status in todo:
@@ -113,7 +114,7 @@ class RayExecutor:
         while queue or in_flight:
             while queue and len(in_flight) < self.capacity:
                 vid = queue[0]
-                pending = exp.vdir(vid).meta().status == "pending"
+                pending = exp.vdir(vid).meta().status == Status.PENDING
                 if pending and in_flight and exp.budgets.steps_reached_with(len(in_flight) * k):
                     break   # decide this one on what the versions in flight spend, as the local executor would
                 queue.pop(0)
@@ -166,7 +167,7 @@ class RayExecutor:
             return
         vd = exp.vdir(vid)
         meta = vd.meta()
-        meta.status = "rejected"
+        meta.status = Status.REJECTED
         meta.decision = {"reasons": [f"worker failed {attempts[vid]} times, last: {reason}"]}
         vd.save_meta(meta)
         exp.say(f"{vid}: rejected: {reason} ({attempts[vid]} attempts)")

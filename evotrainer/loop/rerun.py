@@ -39,7 +39,7 @@ from evotrainer.loop.training import StandaloneContext, train_versions, verify_v
 from evotrainer.loop.version_compare import ATOL, RTOL, Comparison, compare_versions
 from evotrainer.records import run_dir as rundir
 from evotrainer.records.run_dir import RunDirError
-from evotrainer.records.version import BranchVersion, VersionDir, read_json, write_atomic
+from evotrainer.records.version import BranchVersion, Status, VersionDir, read_json, write_atomic
 from evotrainer.tracking.lineage import TAG, LineageTracker
 from evotrainer.tracking.view import NOTE, local_experiment_id
 
@@ -195,7 +195,7 @@ def _prepare(src: Path, dst: Path, recorded: BranchVersion) -> None:
             shutil.copy2(src / name, dst / name)
     VersionDir(dst).save_meta(BranchVersion(
         id=recorded.id, base_model=recorded.base_model, genome_hash=recorded.genome_hash, parents=list(recorded.parents),
-        intervention=recorded.intervention, status="pending", generation=recorded.generation,
+        intervention=recorded.intervention, status=Status.PENDING, generation=recorded.generation,
         operator=recorded.operator, factor=recorded.factor, knobs=dict(recorded.knobs)))
 
 

@@ -17,8 +17,8 @@ from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.gates import paired_promotion
 from evotrainer.fitness.paired_stats import PairingError, PromotionDecision
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.loop.versions import SETTLED
 from evotrainer.records.rollout import Rollout
+from evotrainer.records.version import SETTLED
 
 
 @dataclass

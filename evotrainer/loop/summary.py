@@ -10,6 +10,7 @@ from rich.table import Table
 
 from evotrainer.loop.budgets import TIME_LABELS
 from evotrainer.tracking.view import local_experiment_id, ui_url
+from evotrainer.records.version import Status
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -25,7 +26,7 @@ def leaderboard(title: str, metas: list) -> Table:
     for col in ("id", "gen", "operator", "factor", "gate", "sel", "train", "hypothesis", "status"):
         table.add_column(col, overflow="fold", min_width=12) if col == "factor" else table.add_column(col, no_wrap=True)
     for m in sorted(metas, key=lambda m: -(m.metrics.get("heldout_accuracy") or -1)):
-        style = "red" if m.status == "invalid" else "green" if m.status == "promoted" else None
+        style = "red" if m.status == Status.INVALID else "green" if m.status == Status.PROMOTED else None
         table.add_row(m.id, str(m.generation), m.operator or "-", m.factor or "-",
                       _fmt(m.metrics.get("heldout_accuracy")), _fmt(m.metrics.get("selection_accuracy")),
                       f"{m.metrics.get('train_reward_mean', float('nan')):.3f}",
@@ -64,7 +65,7 @@ def print_summary(exp: Experiment, console: Console | None = None) -> None:
     console.print(leaderboard(f"leaderboard — {exp.run_dir}", [exp.vdir(v).meta() for v in exp.versions()]))
     if (line := final_line(exp.state.final)) is not None:
         console.print(line)
-    invalid = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().status == "invalid"]
+    invalid = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().status == Status.INVALID]
     if invalid:
         console.print("[red]invalid branches[/red]")
         for m in invalid:

@@ -29,7 +29,7 @@ from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records import run_dir as rundir
 from evotrainer.records.numeric import mean
 from evotrainer.records.scores import heldout_accuracy
-from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
+from evotrainer.records.version import BranchVersion, Status, VersionDir, write_atomic
 
 BRANCH = "v0"
 PARTIAL = ".partial"
@@ -137,7 +137,7 @@ def _pending_version(path: Path, cfg: Config, program: HarnessProgram) -> Versio
     path.mkdir(parents=True)
     vd.save_genome(program.source)
     vd.save_meta(BranchVersion(id=BRANCH, base_model=cfg.model, genome_hash=program.hash, parents=[],
-                               status="pending"))
+                               status=Status.PENDING))
     return vd
 
 

@@ -37,7 +37,7 @@ from evotrainer.policy.train_step import grpo_config, step_params, train_step
 from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.run_state import RunState
 from evotrainer.records.scores import heldout_accuracy
-from evotrainer.records.version import VersionDir, write_atomic
+from evotrainer.records.version import Status, VersionDir, write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -164,7 +164,7 @@ class BranchTraining:
 
     def reject(self, e: Exception) -> None:
         """The harness failed at run time: the engine records it and carries on with the others."""
-        self.meta.status, self.meta.decision = "rejected", {"reasons": [f"harness failed in training: {e}"]}
+        self.meta.status, self.meta.decision = Status.REJECTED, {"reasons": [f"harness failed in training: {e}"]}
         self.vd.save_meta(self.meta)
         self.exp.runtime.unload_adapter(self.vid)
 
@@ -186,7 +186,7 @@ class BranchTraining:
         for v in self.violations[:3]:
             exp.say(f"{self.vid}: engine check: {v}")
         meta.metrics.update(train_seconds=time.perf_counter() - self.t0)
-        meta.status = "trained"
+        meta.status = Status.TRAINED
         vd.save_meta(meta)
         # The adapter stays loaded: verification comes next and would otherwise read it back from disk.
 
@@ -223,7 +223,7 @@ def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
     sessions, stack = {}, contextlib.ExitStack()
     with stack:
         for vid in vids:
-            if exp.vdir(vid).meta().status != "pending":
+            if exp.vdir(vid).meta().status != Status.PENDING:
                 continue
             bt = BranchTraining(exp, vid)
             bt.start_from_parent()   # before the harness's failures are caught: a lost adapter stops the run
@@ -277,7 +277,7 @@ def verify_versions(exp: Experiment, vids: list[str], on_done=None) -> None:
     for vid in vids:
         vd = exp.vdir(vid)
         meta = vd.meta()
-        if meta.status != "trained":
+        if meta.status != Status.TRAINED:
             continue
         rt.load_adapter(vid, vd.adapter_dir)
         rt.policy.check_adapter_applied(vid)
@@ -287,7 +287,7 @@ def verify_versions(exp: Experiment, vids: list[str], on_done=None) -> None:
                 ask = prompt_fn(harness)
                 asked = {t.id: ask(t) for t in rt.heldout_tasks} if ask is not default_prompt else None
         except HARNESS_FAILURES as e:
-            meta.status, meta.decision = "rejected", {"reasons": [f"harness failed in verification: {e}"]}
+            meta.status, meta.decision = Status.REJECTED, {"reasons": [f"harness failed in verification: {e}"]}
             vd.save_meta(meta)
             rt.unload_adapter(vid)
             exp.say(f"{vid}: harness failed in verification: {e}")
@@ -339,5 +339,5 @@ def _record_verification(exp: Experiment, vid: str, heldout: list, verify_second
         live = groups_with_gradient(train, vd.steps())
         if live is not None:  # and then a tie in both: the share of its groups that had a gradient
             meta.metrics["train_live_groups"] = live
-    meta.status = "verified"
+    meta.status = Status.VERIFIED
     vd.save_meta(meta)

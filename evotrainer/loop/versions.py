@@ -10,17 +10,16 @@ from typing import TYPE_CHECKING, Any
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.crash import crash_point
 from evotrainer.records.run_dir import RunDirError
-from evotrainer.records.version import BranchVersion, write_atomic
+from evotrainer.records.version import BranchVersion, Status, write_atomic
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
 
-SETTLED = ("kept", "promoted")          # statuses of versions that may live on
 
 
 def new_version(exp: Experiment, parent: BranchVersion | None, source: str, generation: int, *, operator: str | None = None,
                 factor: str | None = None, intervention: dict[str, Any] | None = None,
-                extra_parents: list[str] = (), status: str = "pending") -> str:
+                extra_parents: list[str] = (), status: Status = Status.PENDING) -> str:
     """A pending version: the parent's adapter copied (copy-on-write), the genome to train under.
 
     The caller saves the run state (which holds ``next_id``) after this returns. A process killed in
@@ -56,7 +55,7 @@ def _clear_leftover(exp: Experiment, vid: str) -> None:
     than the run's versions (restored from a backup?) and nothing is deleted."""
     vd = exp.vdir(vid)
     status = vd.meta().status if (vd.path / "meta.json").is_file() else None
-    if status not in (None, "pending", "awaiting_approval"):   # what new_version itself writes
+    if status not in (None, Status.PENDING, Status.AWAITING_APPROVAL):   # what new_version itself writes
         raise RunDirError(f"{vd.path} holds a recorded version ({status}) that state.json says was never "
                           f"created (its next id is {vid}): the state is older than the run's versions; restore "
                           "the state.json that goes with them, or start the run again in a new --run-dir")

@@ -20,6 +20,7 @@ import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -63,6 +64,30 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+class Status(str, Enum):
+    """Where a version is in its life, as ``meta.json`` stores it (the plain value: a Status compares
+    equal to its string, so records read back compare the same way)."""
+
+    PENDING = "pending"                       # created (a seed, a child, a continuation), not trained yet
+    AWAITING_APPROVAL = "awaiting_approval"   # a human gate holds it before training
+    TRAINED = "trained"                       # trained; held-out verification next
+    VERIFIED = "verified"                     # verified and reported on; the gate next
+    PROMOTED = "promoted"                     # the gate: better than its control, and valid
+    KEPT = "kept"                             # the gate: a tie that lives on as a branch of its own
+    REJECTED = "rejected"                     # the gate refused it, or its harness failed
+    INVALID = "invalid"                       # a validity check marked it: never promoted
+    PRUNED = "pruned"                         # selection (or a spent budget) ended its line
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+SETTLED = (Status.KEPT, Status.PROMOTED)      # gated versions that may live on
+
+
 @dataclass
 class BranchVersion:
     id: str
@@ -71,7 +96,7 @@ class BranchVersion:
     parents: list[str] = field(default_factory=list)
     intervention: dict[str, Any] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    status: str = "trained"            # trained | promoted | rejected | invalid | pruned
+    status: Status = Status.TRAINED
     created: float = field(default_factory=time.time)
     generation: int = 0
     operator: str | None = None        # the operator that proposed its intervention (None for seeds)
@@ -81,10 +106,17 @@ class BranchVersion:
     knobs: dict[str, Any] = field(default_factory=dict)              # the recipe knob values it trained with
     hypothesis: dict[str, Any] | None = None   # its intervention's expected effect, judged after training
 
+    def __post_init__(self) -> None:
+        try:
+            self.status = Status(self.status)
+        except ValueError:
+            raise ValueError(f"version {self.id}: status {self.status!r} is not one of "
+                             f"{', '.join(s.value for s in Status)}") from None
+
     @property
     def is_invalid(self) -> bool:
         """Marked invalid by a gate or a validity finding: never promoted, whatever it scores."""
-        return bool(self.violations) or self.status == "invalid"
+        return bool(self.violations) or self.status == Status.INVALID
 
     @property
     def heldout_accuracy(self) -> float | None:
@@ -101,7 +133,7 @@ class BranchVersion:
         known = set(cls.__dataclass_fields__)
         try:
             return cls(**{k: v for k, v in data.items() if k in known})
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise RunDirError(f"{path}: not a version record ({e})") from None
 
 

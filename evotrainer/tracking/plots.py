@@ -26,7 +26,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from evotrainer.records.version import BranchVersion, write_atomic
+from evotrainer.records.version import BranchVersion, Status, write_atomic
 
 CMAP = "viridis"
 
@@ -81,7 +81,7 @@ def genealogy_figure(versions: list[BranchVersion], title: str = "") -> Figure:
         s = v.heldout_accuracy
         color = cmap(norm(s)) if s is not None else "lightgrey"
         bad = v.is_invalid
-        if v.status == "promoted" and not bad:
+        if v.status == Status.PROMOTED and not bad:
             ax.scatter([x], [y], s=520, facecolors="none", edgecolors="gold", linewidths=3, zorder=2)
         ax.scatter([x], [y], s=260, color=color, edgecolors="red" if bad else "black",
                    linewidths=2.5 if bad else 0.8, zorder=3)
