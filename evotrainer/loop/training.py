@@ -40,7 +40,7 @@ from evotrainer.records.scores import heldout_accuracy
 from evotrainer.records.version import Status, VersionDir, write_atomic
 
 if TYPE_CHECKING:
-    from evotrainer.loop.experiment import Experiment
+    from evotrainer.loop.context import RunContext
 
 OPTIMIZER_FILE = "optimizer.pt"        # AdamW state saved beside the adapter (train.carry_optimizer)
 
@@ -53,12 +53,13 @@ class BranchTraining:
     then opens the harness and the trainer; ``bt.job(i)`` is what
     to sample at step i (its tasks, asked as the harness asks), ``bt.learn(i, tasks, sampled)`` runs
     the step on those rollouts (``bt.step(i)`` does both for a version that trains alone) and
-    ``bt.finish()`` saves the adapter. Outside a loop run, a :class:`StandaloneContext` stands in for
-    the experiment (``loop/train_branch.py``, ``loop/rerun.py``).
+    ``bt.finish()`` saves the adapter. ``exp`` is the run's :class:`~evotrainer.loop.context.RunContext`:
+    the experiment, or outside a loop run a :class:`StandaloneContext` (``loop/train_branch.py``,
+    ``loop/rerun.py``) or a worker process's ``BranchWorker``.
     A harness that fails at run time raises :data:`HARNESS_FAILURES`; ``bt.reject(e)`` records it.
     """
 
-    def __init__(self, exp: Experiment, vid: str) -> None:
+    def __init__(self, exp: RunContext, vid: str) -> None:
         self.exp, self.vid, self.vd = exp, vid, exp.vdir(vid)
         self.meta = self.vd.meta()
         self.k = exp.cfg.evolution.steps_per_generation
@@ -192,10 +193,10 @@ class BranchTraining:
 
 
 class StandaloneContext:
-    """What the train and verify stages use of an :class:`Experiment`, for a version trained outside a
-    loop run (``evotrainer train``, ``evotrainer rerun``): the run's config and messages, a scratch
-    budget ledger that is never saved, a :class:`Runtime` of its own, no progress display.
-    ``vdir(vid)`` says where each version's directory is."""
+    """A :class:`~evotrainer.loop.context.RunContext` for a version trained outside a loop run
+    (``evotrainer train``, ``evotrainer rerun``): the run's config and messages, a scratch budget
+    ledger that is never saved, a :class:`Runtime` of its own, no progress display. ``vdir(vid)``
+    says where each version's directory is."""
 
     def __init__(self, cfg: Config, vdir: Callable[[str], VersionDir], say: Callable[[str], None]) -> None:
         self.cfg, self.vdir, self.say = cfg, vdir, say
@@ -209,12 +210,12 @@ class StandaloneContext:
 HARNESS_FAILURES = (SandboxError, GenomeError)
 
 
-def train_version(exp: Experiment, vid: str) -> None:
+def train_version(exp: RunContext, vid: str) -> None:
     """Trains a pending version k steps from its (copied) parent adapter under its own harness."""
     train_versions(exp, [vid])
 
 
-def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
+def train_versions(exp: RunContext, vids: list[str]) -> list[str]:
     """Trains pending versions in lock step: at each step every version picks and asks its tasks,
     all their rollouts are sampled in one engine call (``collect_many``: vLLM and the transformers
     engine serve every adapter in one batch; an episodic domain samples one version after another), then
@@ -259,11 +260,11 @@ def train_versions(exp: Experiment, vids: list[str]) -> list[str]:
     return list(sessions)
 
 
-def verify_version(exp: Experiment, vid: str) -> None:
+def verify_version(exp: RunContext, vid: str) -> None:
     verify_versions(exp, [vid])
 
 
-def verify_versions(exp: Experiment, vids: list[str], on_done=None) -> None:
+def verify_versions(exp: RunContext, vids: list[str], on_done=None) -> None:
     """Held-out verification by the engine (hidden outcomes) and each version's health report.
 
     The whole held-out pool is verified in one pass and stored in two parts: the gate draw as
@@ -310,7 +311,7 @@ def verify_versions(exp: Experiment, vids: list[str], on_done=None) -> None:
             on_done(vid)
 
 
-def _record_verification(exp: Experiment, vid: str, heldout: list, verify_seconds: float) -> None:
+def _record_verification(exp: RunContext, vid: str, heldout: list, verify_seconds: float) -> None:
     vd = exp.vdir(vid)
     meta = vd.meta()
     exp.runtime.unload_adapter(vid)
