@@ -69,7 +69,7 @@ def generation(tmp_path, child_correct: int, control_correct: int | None = 4, ch
     said: list[str] = []
     history = [{"generation": 1, "child": "v0002", "parent": "v0000", "operator": "knobs"}]
     inputs = GateInputs(versions, GateConfig(), keep_ties=True, domain="math", history=history,
-                        skills=SkillLibrary(tmp_path / "skills.json"), say=said.append)
+                        listeners=(SkillLibrary(tmp_path / "skills.json"),), say=said.append)
     return inputs, said
 
 
@@ -82,7 +82,7 @@ def test_a_child_better_on_the_paired_gate_draw_is_promoted_and_its_skill_record
     assert meta.hypothesis["verdict"] == "confirmed"
     assert json.loads((run.versions.vdir("v0002").path / "decision.json").read_text())["promote"] is True
     assert run.history[0]["outcome"] == "promoted" and run.history[0]["paired_delta"] == pytest.approx(0.5)
-    skill = next(iter(run.skills))
+    skill = next(iter(run.listeners[0]))
     assert skill.factor == "knob:learning_rate" and skill.evidence[0]["version"] == "v0002"
     assert skill.domains == ["math"] and skill.evidence[0]["parent"] == "v0001"
     assert any("v0002 vs v0001: promoted" in m for m in said)
@@ -94,7 +94,7 @@ def test_a_child_worse_on_the_paired_gate_draw_is_rejected(tmp_path):
     meta = run.versions.vdir("v0002").meta()
     assert meta.status == "rejected" and meta.decision["paired"]["ci_high"] < 0
     assert meta.hypothesis["verdict"] == "refuted" and run.history[0]["outcome"] == "rejected"
-    assert len(run.skills) == 0
+    assert len(run.listeners[0]) == 0
 
 
 def test_a_tie_lives_on_as_a_branch_only_when_ties_are_kept(tmp_path):
@@ -127,12 +127,27 @@ def test_a_verdict_held_for_a_person_changes_nothing_beyond_the_version(tmp_path
     run, _ = generation(tmp_path, child_correct=12)
     gate_version(run, "v0002", finish=False)
     assert run.versions.vdir("v0002").meta().status == "promoted"
-    assert "outcome" not in run.history[0] and len(run.skills) == 0
+    assert "outcome" not in run.history[0] and len(run.listeners[0]) == 0
     gate_version(run, "v0002")   # the person decided: the gate's effects follow, once
-    assert run.history[0]["outcome"] == "promoted" and len(run.skills) == 1
+    assert run.history[0]["outcome"] == "promoted" and len(run.listeners[0]) == 1
 
 
 def test_the_seed_and_continuations_are_kept_without_a_comparison(tmp_path):
     run, said = generation(tmp_path, child_correct=12)
     gate_version(run, "v0001")
     assert run.versions.vdir("v0001").meta().status == "kept" and not said and "outcome" not in run.history[0]
+
+
+def test_the_gate_tells_its_listeners_the_outcome_without_knowing_them(tmp_path):
+    """Any object with ``observe`` hears each gated child's outcome, typed: the skill library and the
+    operator mix are two such listeners, not names the gate calls."""
+    from evotrainer.records.outcome import GateOutcome
+
+    run, _ = generation(tmp_path, child_correct=0, control_correct=12)
+    heard: list[GateOutcome] = []
+    recorder = type("Recorder", (), {"observe": lambda self, o: heard.append(o)})()
+    run = dataclasses.replace(run, listeners=run.listeners + (recorder,))
+    gate_version(run, "v0002")
+    (o,) = heard
+    assert (o.child, o.control, o.operator, o.status, o.domain) == ("v0002", "v0001", "knobs", "rejected", "math")
+    assert o.paired_delta == pytest.approx(-0.75) and o.verdict == "refuted" and not o.promoted

@@ -279,9 +279,9 @@ class Experiment:
 
     def gate_inputs(self) -> GateInputs:
         """What the gate stage reads and changes of this run (``loop/gating.py``)."""
+        listeners = (self.skills, self.mix) if self.mix_loaded else (self.skills,)   # the mix: when built here
         return GateInputs(self.run_versions, gate_config(self.cfg), self.cfg.evolution.keep_ties, self.cfg.domain.name,
-                          self.state.history, self.skills, labels=self.labels,
-                          mix=self.mix if self.mix_loaded else None, timed=self.budgets.timed, say=self.say)
+                          self.state.history, listeners, labels=self.labels, timed=self.budgets.timed, say=self.say)
 
     def proposal_inputs(self) -> ProposalInputs:
         """What the propose stage reads and changes of this run (``loop/proposals.py``)."""

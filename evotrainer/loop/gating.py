@@ -1,6 +1,7 @@
 """The gate stage: validity first (engine checks + the harness's own), then paired statistics of a
 child against its control sibling; then the intervention's own claim is judged against what was
-measured, and the verdict feeds the skills, the knob study and the operators' weights.
+measured, and the outcome is told to the run's listeners (the skills, the operators' weights and the
+knob study) without the gate knowing who they are.
 
 A child is ``promoted`` when the paired CI's lower bound clears ``min_delta``; ``rejected`` when it is
 significantly worse (the CI's upper bound below zero) or cannot be paired; otherwise it tied its
@@ -22,9 +23,8 @@ from evotrainer.fitness.hypothesis import judge_effect
 from evotrainer.fitness.labels import LabelStore
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.loop.skills import SkillLibrary
-from evotrainer.operators.registry import OperatorMix
 from evotrainer.operators.triggers import report_metrics
+from evotrainer.records.outcome import GateListener, GateOutcome
 from evotrainer.records.version import BranchVersion, Status, VersionDir, write_atomic
 
 
@@ -41,9 +41,8 @@ class GateInputs:
     keep_ties: bool                 # evolution.keep_ties: a tie lives on as a branch of its own
     domain: str                     # a confirmed skill records the domain it was confirmed on
     history: list[dict]             # the run state's history: the gate fills in its children's outcomes
-    skills: SkillLibrary
+    listeners: tuple[GateListener, ...] = ()   # told each child's outcome: the skill library, the operator mix
     labels: LabelStore | None = None   # where a validity gap (a check the harness missed) is recorded
-    mix: OperatorMix | None = None     # the operators when built in this process (their weights are current)
     timed: Callable[[str], ContextManager[None]] = _untimed   # Budgets.timed: where the run's time went
     say: Callable[[str], None] = lambda msg: None
 
@@ -174,29 +173,28 @@ def hypothesis_verdict(meta: BranchVersion, control: VersionDir | None, report: 
 
 
 def after_gate(run: GateInputs, meta: BranchVersion, control: str | None) -> None:
-    """A confirmed intervention becomes (or confirms) a skill; the paired delta feeds the knob study;
-    promotions and confirmations feed the operators' weights (a bandit)."""
-    score = meta.metrics.get("heldout_accuracy")
-    verdict = (meta.hypothesis or {}).get("verdict")
+    """The run's history records the child's outcome, and every listener is told it (``records/outcome.py``):
+    the operator mix (credit, the knob study) and the skill library."""
     delta = (meta.decision or {}).get("paired", {}) or {}
-    if meta.operator == "knobs" and run.mix is not None:
-        knobs = run.mix.operator("knobs")
-        if hasattr(knobs, "tell"):   # TPE learns from the paired delta against the control, not raw scores
-            knobs.tell(meta.genome_hash, delta.get("mean_delta") if meta.status != Status.INVALID else None)
-    if run.mix is not None and meta.operator:
-        # Credit is fitness, not a confirmed hypothesis: a child whose hypothesis held (truncation fell)
-        # but whose held-out score did not rise would otherwise raise its entry's weight, and the entry
-        # would be proposed again and again.
-        entry = ((meta.intervention or {}).get("details") or {}).get("entry")
-        run.mix.credit(meta.operator, meta.status == Status.PROMOTED, entry=entry)
+    outcome = GateOutcome(
+        child=meta.id, control=control, operator=meta.operator,
+        entry=((meta.intervention or {}).get("details") or {}).get("entry"), genome_hash=meta.genome_hash,
+        status=meta.status, paired_delta=delta.get("mean_delta"), heldout_accuracy=meta.metrics.get("heldout_accuracy"),
+        verdict=(meta.hypothesis or {}).get("verdict"), domain=run.domain, intervention=meta.intervention,
+        decision=meta.decision or {}, trigger=_parent_trigger(run, meta))
     for h in run.history:
         if h.get("child") == meta.id:
-            h["outcome"] = meta.status
-            h["heldout_accuracy"] = score
-            h["paired_delta"] = delta.get("mean_delta")
-            h["hypothesis_verdict"] = verdict
-    if meta.status == Status.PROMOTED and meta.intervention and verdict == "confirmed":
-        parent_health = run.versions.vdir(meta.parents[0]).path / "health.json"
-        trigger = report_metrics(json.loads(parent_health.read_text())) if parent_health.is_file() else {}
-        run.skills.record_confirmed(meta.intervention, meta.decision or {}, run.domain, trigger,
-                                     version=meta.id, parent=control)
+            h["outcome"] = outcome.status
+            h["heldout_accuracy"] = outcome.heldout_accuracy
+            h["paired_delta"] = outcome.paired_delta
+            h["hypothesis_verdict"] = outcome.verdict
+    for listener in run.listeners:
+        listener.observe(outcome)
+
+
+def _parent_trigger(run: GateInputs, meta: BranchVersion) -> dict:
+    """The parent's health-report metrics (with its alerts): the state a confirmed skill fires on."""
+    if not meta.parents:
+        return {}
+    health = run.versions.vdir(meta.parents[0]).path / "health.json"
+    return report_metrics(json.loads(health.read_text())) if health.is_file() else {}

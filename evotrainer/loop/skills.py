@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evotrainer.records.outcome import GateOutcome
 from evotrainer.records.version import exclusive, write_atomic
 from evotrainer.operators.triggers import holds
 from evotrainer.records.numeric import finite_or_none as _finite
@@ -236,6 +237,12 @@ class SkillLibrary:
 
     def get(self, skill_id_: str) -> Skill | None:
         return self.skills.get(skill_id_)
+
+    def observe(self, outcome: GateOutcome) -> None:
+        """A gate's outcome: a promoted child whose hypothesis held becomes (or confirms) a skill."""
+        if outcome.promoted and outcome.intervention and outcome.verdict == "confirmed":
+            self.record_confirmed(outcome.intervention, outcome.decision, outcome.domain, outcome.trigger,
+                                  version=outcome.child, parent=outcome.control)
 
     def record_confirmed(self, intervention: dict[str, Any], decision: dict[str, Any], domain: str,
                          trigger_metrics: dict[str, Any], version: str | None = None,

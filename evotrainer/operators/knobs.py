@@ -24,6 +24,8 @@ from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
+from evotrainer.records.outcome import GateOutcome
+from evotrainer.records.version import Status
 
 optuna.logging.set_verbosity(logging.WARNING)
 log = logging.getLogger(__name__)
@@ -211,6 +213,11 @@ class KnobOperator:
         why = (f"TPE's model of {told} scored children favours this value" if told >= self.n_startup_trials
                else "it is an untried value of the knob's range (exploration before the model has data)")
         return f"If {knob} changes from {old!r} to {new!r}, held-out score rises, because {why}."
+
+    def observe(self, outcome: GateOutcome) -> None:
+        """TPE learns from the paired delta against the control, not raw scores; an invalid child is a
+        failed trial."""
+        self.tell(outcome.genome_hash, None if outcome.status == Status.INVALID else outcome.paired_delta)
 
     def tell(self, child_hash: str, fitness: float | None) -> None:
         """Reports a child's fitness (higher is better); ``None`` marks it failed (e.g. it crashed)."""

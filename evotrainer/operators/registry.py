@@ -19,6 +19,7 @@ from typing import Any
 from evotrainer.operators.base import Operator, OperatorError
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import Intervention
+from evotrainer.records.outcome import GateOutcome
 
 ENTRY_POINT_GROUP = "evotrainer.operators"
 
@@ -186,6 +187,19 @@ class OperatorMix:
             s, f = self.entry_outcomes[entry]
             self.entry_weights[entry] = (1 + s) / (2 + s + f)
             self._weigh_entries()
+
+    def observe(self, outcome: GateOutcome) -> None:
+        """A gate's outcome for a child this mix's operators proposed: the operator and entry are
+        credited on fitness (promoted or not, not whether the hypothesis held: a confirmed hypothesis
+        whose child did not win would otherwise raise its entry's weight again and again), and the
+        operator itself is told when it learns from outcomes (the knobs operator's TPE study)."""
+        if outcome.operator is None:
+            return
+        self.credit(outcome.operator, outcome.promoted, entry=outcome.entry)
+        if outcome.operator in self.weights:
+            op = self.operator(outcome.operator)
+            if hasattr(op, "observe"):
+                op.observe(outcome)
 
     def _weigh_entries(self) -> None:
         """The library operator draws an entry by its own weight times twice its posterior mean (1 with
