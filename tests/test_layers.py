@@ -98,3 +98,69 @@ def test_genome_never_imports_torch():
     for path in (PACKAGE / "genome").rglob("*.py"):
         for line, name in imports(path):
             assert name.split(".")[0] not in heavy, f"{path.name}:{line} imports {name}"
+
+
+def _from_module_imports(path: Path) -> list[tuple[int, str]]:
+    """``from package import module`` names the module: (line, package.module) for each such name."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)}
+    return [(node.lineno, f"{node.module}.{a.name}") for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and id(node) not in skip and node.module and not node.level
+            for a in node.names]
+
+
+def _loop_graph() -> dict[str, set[str]]:
+    """loop/'s modules and the loop modules each imports at run time (function-level imports count)."""
+    loop = {module_name(p): p for p in MODULES if part_of(module_name(p)) == "loop"}
+    graph = {}
+    for name, path in loop.items():
+        targets = set()
+        for _, imported in imports(path) + _from_module_imports(path):
+            # "from evotrainer.loop.x import f" imports x; "from evotrainer.loop import x" imports x too
+            for candidate in (imported, imported.rsplit(".", 1)[0]):
+                if candidate in loop and candidate != name and candidate != "evotrainer.loop":
+                    targets.add(candidate)
+                    break
+        graph[name] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_loop_has_no_runtime_import_cycle():
+    """A module of loop/ never imports, at run time, one that imports it back (type-only imports
+    under TYPE_CHECKING do not run and do not count)."""
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]   # the check finds one
+    found = cycles(_loop_graph())
+    assert not found, f"runtime import cycles in loop/: {found}"

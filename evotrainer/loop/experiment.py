@@ -35,7 +35,8 @@ from evotrainer.loop import human_gate
 from evotrainer.loop.gating import GateInputs, gate_version
 from evotrainer.loop.operator_mix import operator_mix
 from evotrainer.loop.progress import NullProgress
-from evotrainer.loop.proposals import ProposalInputs, evidence_for, propose_children
+from evotrainer.loop.propose_stage import propose_children
+from evotrainer.loop.proposals import ProposalInputs, evidence_for
 from evotrainer.loop.revert import apply_revert, plan_reverts
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.runtime import Runtime

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 from evotrainer.fitness.backtest import BacktestResult, backtest
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
-from evotrainer.loop.selection import parents as select_parents, rank_score
+from evotrainer.loop.selection import rank_score
 from evotrainer.loop.decision_request import notes_for
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.operators import Evidence, OperatorError
@@ -162,29 +162,6 @@ def compound(exp: Experiment, survivors: list[str]) -> tuple[str, str, str] | No
                     except GenomeError:
                         continue
     return None
-
-
-def propose_children(exp: Experiment, survivors: list[str], generation: int) -> None:
-    """Operators propose single-factor interventions on selected parents; each is backtested on the
-    parent's cached rollouts before any training compute is spent on it."""
-    ev, state = exp.cfg.evolution, exp.state
-    wanted = 0 if ev.mode == "reference" else ev.children_per_generation
-    todo = children_the_budget_allows(exp, wanted) - len([v for v in state.live
-                                                          if exp.vdir(v).meta().operator is not None])
-    if todo > 0 and ev.mode == "evolve" and (pair := compound(exp, survivors)):
-        if propose_compound(exp, *pair, generation):
-            todo -= 1
-    from evotrainer.loop.merging import propose_merge_child   # (merging builds on this module's admit)
-
-    if todo > 0 and propose_merge_child(exp, survivors, generation):   # evolution.merge decides whether and when
-        todo -= 1
-    picks = select_parents(exp.candidates(survivors), max(0, todo), ev.tournament_size,
-                           seed=exp.cfg.seed * 7919 + generation, min_cells=ev.diversity.min_cells,
-                           say=lambda msg: exp.say(f"gen {generation}: {msg}"))
-    run = exp.proposal_inputs()
-    cases = run.cases() if picks and run.backtest else []   # labelled history: read once per round
-    for pid in picks:
-        propose_child(run, pid, survivors, generation, cases)
 
 
 def propose_child(run: ProposalInputs, pid: str, survivors: list[str], generation: int, cases: list) -> str | None:
