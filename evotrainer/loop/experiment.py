@@ -1,7 +1,6 @@
 """The co-evolution loop: a population of LoRA branches co-evolving with their harnesses.
 
-One generation, top to bottom, in the five stages of ``records/run_state.py::STAGES``
-(docs/concepts/one-generation.md; where this module sits: docs/architecture.md):
+One generation in the five stages of ``records/run_state.py::STAGES`` (docs/concepts/one-generation.md):
 
     train live versions k steps → verify on held-out (and write the health reports) → gate children
     against their control siblings (and record every version) → select survivors (and revert
