@@ -150,10 +150,12 @@ def test_the_harness_guide_edit_passes_the_contract_and_filters_groups(tmp_path,
 
 
 def test_benchmark_results_name_their_date_command_and_raw_file():
-    """Every result on the benchmarks page carries its date, command and raw file, and a raw file it
-    names exists."""
-    page = (DOCS / "benchmarks.md").read_text()
-    results = re.split(r"\n### ", page.split("\n## Training substrate", 1)[1])[1:]
+    """Every result on the benchmarks pages carries its date, command and raw file, and a raw file it
+    names exists: a theme page's `##` sections, and the archive's `###` sections under their dates."""
+    pages = DOCS / "benchmarks"
+    results = [section for theme in ("substrate", "math", "code", "swe")
+               for section in re.split(r"\n## ", (pages / f"{theme}.md").read_text())[1:]]
+    results += re.split(r"\n### ", (pages / "archive.md").read_text())[1:]
     assert len(results) >= 10
     for result in results:
         title = result.splitlines()[0]
