@@ -3,7 +3,7 @@
 A test split is for the final report only: a variant chosen, or a rule changed, after seeing a split's
 scores is measured again on a fresh draw. This lists, per split (domain, levels, test size, domain
 seed: what decides which tasks it holds), every variant any committed benchmark scored on it and the
-files that hold those scores. ``docs/benchmarks.md`` shows the table; a test holds it to this output.
+files that hold those scores. ``docs/benchmarks/archive.md`` shows the table; a test holds it to this output.
 
     python benchmarks/split_ledger.py
 """
