@@ -58,7 +58,7 @@ def plant(rng, deltas: list[float], effect: float) -> list[float]:
     for i in order:
         if need <= 0:
             break
-        if d[i] < 1.0:
+        if d[i] <= 0.0:   # a loss becomes a tie, a tie a win: a delta stays in [-1, 1]
             d[i] += 1.0
             need -= 1
     return d

@@ -4,7 +4,7 @@ of per-seed deltas measured in the committed raw results.
 For every comparison with at least 3 paired seeds (a variant against the reference recipe, on the same
 test tasks within each seed), the sd of its per-seed deltas holds both the task noise of one test split
 and the noise of training itself. Their pooled sd per domain gives the minimum detectable effect at
-90% (two-sided) and 80% power for 3, 5, 8 and 12 seeds (``evotrainer.fitness.seed_stats``).
+90% (two-sided) and 80% power for 3, 5, 8 and 12 seeds (t quantiles) (``evotrainer.fitness.seed_stats``).
 ``docs/concepts/gates.md`` shows this table; a test fails when they differ.
 
     python benchmarks/seed_power.py

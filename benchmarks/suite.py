@@ -9,7 +9,7 @@ looked at it. Nothing in a run sees the test split.
 
     python benchmarks/suite.py run                        # everything not yet run, seed by seed
     python benchmarks/suite.py run --settings math-learns --seeds 0,1
-    python benchmarks/suite.py summary                    # suite_summary.json and the README's table
+    python benchmarks/suite.py summary                    # suite_summary.json, the README's table, the ledger
 
 Raw output: one JSON per setting in ``benchmarks/results/suite/`` (each run's row as it finishes, so a
 stopped suite resumes where it was, with the commit and config hash of the code that ran it, and every
@@ -66,7 +66,8 @@ SETTINGS: dict[str, Setting] = {
 def git_commit() -> str:
     """HEAD, with ``+dirty`` when tracked files differ from it (then the row is not reproducible)."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "evotrainer", "benchmarks/configs"],
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "evotrainer", "benchmarks/configs",
+                            "benchmarks/suite.py", "benchmarks/compare_modes.py"],
                            cwd=ROOT).returncode
     return head + ("+dirty" if dirty else "")
 
@@ -226,9 +227,11 @@ def main() -> None:
         opts = Options(Path(args.results), args.model, tuple(args.set), args.steps)
         run(names, seeds, args.modes.split(","), Path(args.out), opts)
     else:
+        from split_ledger import write_ledger
         from suite_summary import write_summary
 
         write_summary(planned={n: len(s.seeds) * len(MODES) for n, s in SETTINGS.items()})
+        write_ledger()
 
 
 if __name__ == "__main__":

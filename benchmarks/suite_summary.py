@@ -48,7 +48,7 @@ def _suite_order(data: dict) -> tuple[int, str]:
 
 
 def summarize(results: Path = RESULTS, planned: dict[str, int] | None = None) -> dict:
-    """The summary of every setting file in ``results`` (settings in file-name order)."""
+    """The summary of every setting file in ``results`` (settings in the suite's order)."""
     settings, clusters = {}, {f"{a}-{b}": {} for a, b in DELTAS}
     for data in sorted((json.loads(p.read_text()) for p in results.glob("*.json")), key=_suite_order):
         name, runs = data["setting"], data["runs"]
@@ -127,7 +127,8 @@ def readme_table(summary: dict) -> str:
                      + f" | {cell('reference')} | {cell('evolve')} | {cell('random-library')} | "
                      f"{_ci(ref)} ({_seeds(ref)}) | {_ci(rnd)} | {below} |")
     pooled = summary["pooled"]["delta"]
-    lines.append(f"| **pooled** (settings × seeds) | | {pooled['evolve-reference']['n_seeds'] if pooled else 0} | "
+    n_pooled = max((d["n_seeds"] for d in pooled.values()), default=0)
+    lines.append(f"| **pooled** (settings × seeds) | | {n_pooled} | "
                  f"| | | | {_ci(pooled.get('evolve-reference'))} | {_ci(pooled.get('evolve-random-library'))} | |")
     return "\n".join(lines)
 

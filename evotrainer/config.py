@@ -118,7 +118,9 @@ class GRPOSection(_Section):
 class TrainConfig(_Section):
     steps: int = Field(10, ge=0, le=10_000_000, description="optimisation steps")
     prompts_per_step: int = Field(4, ge=1, le=65_536, description="tasks per step; each gets num_generations rollouts")
-    rollout_batch_size: int | None = Field(None, ge=1, le=65_536, description="default: 32 on a CPU, 128 on a GPU")
+    rollout_batch_size: int | None = Field(None, ge=1, le=65_536, description=(
+        "one version's sequences sampled at once (versions that sample alike decode theirs in the same "
+        "batch, up to this many each); default: 32 on a CPU, 128 on a GPU"))
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each decoder layer's activations in the backward pass instead of keeping them: a long "
         "completion of a 1B+ model fits, for about a third more step time; every row then runs whole"))

@@ -107,3 +107,26 @@ def test_a_run_is_the_same_whether_its_versions_share_batches(tmp_path, monkeypa
     monkeypatch.delattr(TransformersEngine, "generate_many")
     alone, _ = _run(tmp_path / "alone")
     assert batched == alone
+
+
+def test_rows_leaving_early_and_jobs_of_other_sizes_keep_their_own_tokens(policy):
+    """Many stop tokens, so rows finish at very different steps and the batch shrinks (RowLora.select),
+    and jobs of 1, 3 and 6 prompts, so later chunks hold some jobs' rows only."""
+    eng = TransformersEngine(policy, decoder="kv", batch_size=4)
+    vocab = int(policy.model.get_output_embeddings().weight.shape[0])
+    ids = chat_ids(policy.tokenizer, PROMPTS)
+    jobs = [(ids[:1], "b1", 4), (ids[:3], None, 5), (ids, "b3", 6)]
+    kw = dict(max_new_tokens=12, temperature=1.0, top_k=0, top_p=1.0, eos=set(range(0, vocab, 7)), pad=0)
+    rows = [p for p, _, _ in jobs for p in p]
+    eng._kv_sampler("b1")
+    together = eng._kv.sample_rows([p for j, _, _ in jobs for p in j], [a for j, a, _ in jobs for _ in j],
+                                   seeds=[(len(j), s) for j, _, s in jobs], **kw)
+    lengths = {len(s.ids) for s in together}
+    assert len(lengths) > 2 and min(lengths) < 6, "rows should finish at different steps"
+    at = 0
+    for prompts, adapter, seed in jobs:
+        alone = eng._kv.sample(prompts, adapter, seed=seed, **kw)
+        for a, t in zip(alone, together[at:at + len(prompts)]):
+            assert a.ids == t.ids and torch.allclose(torch.tensor(a.logprobs), torch.tensor(t.logprobs), atol=1e-4)
+        at += len(prompts)
+    assert at == len(rows)

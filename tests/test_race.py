@@ -49,3 +49,23 @@ def test_a_child_worse_than_worth_promoting_stops_before_the_cap():
     assert not d.promote and d.stopped == "below_min_effect" and d.n_tasks < 960
     tie = race([0.0] * 100, round_size=24, cap=100)
     assert not tie.promote and tie.n_tasks == 100 and tie.stopped in ("cap", "below_min_effect")
+
+
+def paper_sequence(deltas, alpha):
+    """Theorem 2 of Waudby-Smith and Ramdas (2023), written out vectorised from the paper's definitions."""
+    x = (np.asarray(deltas, dtype=float) + 1) / 2
+    t = np.arange(1, x.size + 1)
+    mu = (0.5 + np.cumsum(x)) / (t + 1)                                   # mu_t, prior 1/2
+    sigma2 = (0.25 + np.cumsum((x - mu) ** 2)) / (t + 1)                  # sigma^2_t, prior 1/4
+    mu_prev, sigma2_prev = np.r_[0.5, mu[:-1]], np.r_[0.25, sigma2[:-1]]
+    lam = np.minimum(np.sqrt(2 * np.log(2 / alpha) / (sigma2_prev * t * np.log(1 + t))), 0.75)
+    psi = (-np.log(1 - lam) - lam) / 4
+    centre = np.sum(lam * x) / np.sum(lam)
+    width = (np.log(2 / alpha) + np.sum(4 * (x - mu_prev) ** 2 * psi)) / np.sum(lam)
+    return 2 * max(0.0, centre - width) - 1, 2 * min(1.0, centre + width) - 1
+
+
+@pytest.mark.parametrize("n", [1, 5, 50, 500])
+def test_the_sequence_is_the_paper_s(n):
+    d = paired(np.random.default_rng(n), n, 0.05)
+    assert confidence_sequence(d, 0.1) == pytest.approx(paper_sequence(d, 0.1), abs=1e-12)

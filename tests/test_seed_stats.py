@@ -63,11 +63,13 @@ def test_the_interval_covers_a_null_effect_under_seed_variance():
     assert pair_covered / n < covered / n - 0.15
 
 
-def test_pooled_delta_treats_each_setting_seed_as_a_cluster():
+def test_pooled_delta_treats_each_setting_seed_as_a_cluster_and_never_drops_a_setting():
     a = {"m": {0: {"x": 0.1}, 1: {"x": 0.3}}, "c": {0: {"y": -0.1}}}
     r = pooled_delta(a)
     assert r.n_seeds == 3 and r.mean == pytest.approx(0.1)
     assert set(r.per_seed) == {0, 1, 2}
+    # Setting c's one seed is in every resample (stratified), so no resample's mean reaches 0.3 or -0.1.
+    assert r.ci90[0] > -0.1 + 1e-9 and r.ci90[1] < 0.3 - 1e-9
 
 
 def test_degenerate_and_bad_inputs():
@@ -83,6 +85,12 @@ def test_degenerate_and_bad_inputs():
         cluster_bootstrap({})
 
 
-def test_minimum_detectable_effect_shrinks_with_the_root_of_the_seeds():
-    assert minimum_detectable_effect(0.1, 4) == pytest.approx((1.6449 + 0.8416) * 0.05, abs=1e-3)
-    assert minimum_detectable_effect(0.1, 12) == pytest.approx(minimum_detectable_effect(0.1, 3) / 2)
+def test_minimum_detectable_effect_uses_t_quantiles_over_seeds():
+    from scipy import stats
+
+    t = stats.t.ppf(0.95, 3) + stats.t.ppf(0.8, 3)
+    assert minimum_detectable_effect(0.1, 4) == pytest.approx(t * 0.05)
+    assert minimum_detectable_effect(0.1, 3) > 1.5 * (1.6449 + 0.8416) * 0.1 / 3 ** 0.5   # t at 2 dof is far wider
+    assert minimum_detectable_effect(0.1, 12) < minimum_detectable_effect(0.1, 3) / 2
+    with pytest.raises(ValueError):
+        minimum_detectable_effect(0.1, 1)

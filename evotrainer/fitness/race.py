@@ -10,7 +10,10 @@ holds at every number of tasks at once, so a gate may look as often as it likes.
 The sequence is the predictable-plug-in empirical-Bernstein one of Waudby-Smith and Ramdas
 ("Estimating means of bounded random variables by betting", JRSS-B 2023, Theorem 2) for per-task
 paired deltas ``child - control`` in [-1, 1] (each task's score a mean over its sampling seeds), mapped
-to [0, 1]. Tasks come in a random order from a pool, so their deltas are exchangeable draws.
+to [0, 1]. Its guarantee is for tasks drawn independently from a population (with replacement). A
+gate that draws without replacement from a pool much larger than its cap is close to that; racing
+over a whole small pool is not covered by the theorem (the authors give a separate sequence for
+sampling without replacement).
 
 The race stops when the sequence's lower bound clears ``min_delta`` (promote); when its upper bound
 falls below ``min_effect`` (refuse: whatever the child gains is smaller than the smallest gain worth

@@ -23,7 +23,6 @@ from evotrainer.fitness.hypothesis import judge_effect
 from evotrainer.fitness.labels import LabelStore
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.operators.triggers import report_metrics
 from evotrainer.records.outcome import GateListener, GateOutcome
 from evotrainer.records.version import BranchVersion, Status, VersionDir, write_atomic
 
@@ -150,7 +149,7 @@ def spend_record(child: VersionDir, control: VersionDir | None) -> dict:
     return record
 
 
-def child_outcome(paired: dict | None, keep_ties: bool) -> str:
+def child_outcome(paired: dict | None, keep_ties: bool) -> Status:
     """A valid child the gate did not promote: rejected when significantly worse than its control (or
     not comparable), kept as a tie otherwise (when ties live on)."""
     if not paired or "ci_high" not in paired:
@@ -181,7 +180,8 @@ def after_gate(run: GateInputs, meta: BranchVersion, control: str | None) -> Non
         entry=((meta.intervention or {}).get("details") or {}).get("entry"), genome_hash=meta.genome_hash,
         status=meta.status, paired_delta=delta.get("mean_delta"), heldout_accuracy=meta.metrics.get("heldout_accuracy"),
         verdict=(meta.hypothesis or {}).get("verdict"), domain=run.domain, intervention=meta.intervention,
-        decision=meta.decision or {}, trigger=_parent_trigger(run, meta))
+        decision=meta.decision or {},
+        parent_report=run.versions.vdir(meta.parents[0]).path / "health.json" if meta.parents else None)
     for h in run.history:
         if h.get("child") == meta.id:
             h["outcome"] = outcome.status
@@ -190,11 +190,3 @@ def after_gate(run: GateInputs, meta: BranchVersion, control: str | None) -> Non
             h["hypothesis_verdict"] = outcome.verdict
     for listener in run.listeners:
         listener.observe(outcome)
-
-
-def _parent_trigger(run: GateInputs, meta: BranchVersion) -> dict:
-    """The parent's health-report metrics (with its alerts): the state a confirmed skill fires on."""
-    if not meta.parents:
-        return {}
-    health = run.versions.vdir(meta.parents[0]).path / "health.json"
-    return report_metrics(json.loads(health.read_text())) if health.is_file() else {}

@@ -29,7 +29,7 @@ from typing import Any
 
 from evotrainer.records.outcome import GateOutcome
 from evotrainer.records.version import exclusive, write_atomic
-from evotrainer.operators.triggers import holds
+from evotrainer.operators.triggers import holds, report_metrics
 from evotrainer.records.numeric import finite_or_none as _finite
 
 NEGATION = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
@@ -241,7 +241,9 @@ class SkillLibrary:
     def observe(self, outcome: GateOutcome) -> None:
         """A gate's outcome: a promoted child whose hypothesis held becomes (or confirms) a skill."""
         if outcome.promoted and outcome.intervention and outcome.verdict == "confirmed":
-            self.record_confirmed(outcome.intervention, outcome.decision, outcome.domain, outcome.trigger,
+            report = outcome.parent_report
+            trigger = report_metrics(json.loads(report.read_text())) if report and report.is_file() else {}
+            self.record_confirmed(outcome.intervention, outcome.decision, outcome.domain, trigger,
                                   version=outcome.child, parent=outcome.control)
 
     def record_confirmed(self, intervention: dict[str, Any], decision: dict[str, Any], domain: str,

@@ -81,8 +81,8 @@ class Evidence:
                    failed_source=d.get("failed_source"), failure=d.get("failure"))
 
 
-# A health report's own fields (``HealthReport.to_dict`` writes all of them; a hand-written report has
-# at least its metrics or alerts).
+# Fields only a health report has (``HealthReport.to_dict`` writes all of them but ``findings``, an
+# older name of ``alerts``; a hand-written report has at least its metrics or alerts).
 REPORT_FIELDS = frozenset({"metrics", "engine", "harness_metrics", "alerts", "findings", "validity", "genome_hash"})
 
 

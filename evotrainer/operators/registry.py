@@ -192,13 +192,15 @@ class OperatorMix:
         """A gate's outcome for a child this mix's operators proposed: the operator and entry are
         credited on fitness (promoted or not, not whether the hypothesis held: a confirmed hypothesis
         whose child did not win would otherwise raise its entry's weight again and again), and the
-        operator itself is told when it learns from outcomes (the knobs operator's TPE study)."""
+        operator itself is told when its class declares ``observe(outcome)`` (the knobs operator's TPE
+        study; it is built for that when this process has not built it yet, as on a resumed run)."""
         if outcome.operator is None:
             return
         self.credit(outcome.operator, outcome.promoted, entry=outcome.entry)
-        if outcome.operator in self.weights:
-            op = self.operator(outcome.operator)
-            if hasattr(op, "observe"):
+        name = outcome.operator
+        if name in self._instances or (name in self.weights and callable(getattr(_factory(name), "observe", None))):
+            op = self.operator(name)
+            if callable(getattr(op, "observe", None)):
                 op.observe(outcome)
 
     def _weigh_entries(self) -> None:

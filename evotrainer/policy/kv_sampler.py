@@ -195,10 +195,10 @@ class KVSampler:
         parts, order = [], []
         for name, lora in zip(names, loras):
             rows = [i for i, a in enumerate(adapters) if a == name]
-            self.kept = None
-            parts.append(self._prefill([prompts[i] for i in rows], lora, (None,), max_new_tokens))
+            # A key no kept cache has: each branch's prompts are prefilled afresh (a kept cache is one
+            # branch's, and _prefill drops it).
+            parts.append(self._prefill([prompts[i] for i in rows], lora, ("<several branches>",), max_new_tokens))
             order += rows
-        self.kept = None
         capacity = max(c.length for c, _ in parts) + max_new_tokens
         cache = KVCache.concat([(c, torch.arange(c.k[0].shape[0], device=dev)) for c, _ in parts], capacity)
         back = torch.empty(len(order), dtype=torch.long, device=dev)

@@ -10,6 +10,7 @@ into a skill. The gate does not know who listens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from evotrainer.records.version import Status
@@ -29,7 +30,7 @@ class GateOutcome:
     domain: str
     intervention: dict[str, Any] | None = None
     decision: dict[str, Any] = field(default_factory=dict)
-    trigger: dict[str, Any] = field(default_factory=dict)   # the parent's report metrics when it was proposed
+    parent_report: Path | None = None   # the parent's health.json: the state it was proposed in
 
     @property
     def promoted(self) -> bool:
