@@ -86,7 +86,8 @@ def summarize(results: Path = RESULTS, planned: dict[str, int] | None = None) ->
 def _ci(d: dict | None) -> str:
     if not d:
         return "-"
-    return f"{d['mean']:+.3f} [{d['ci90'][0]:+.3f}, {d['ci90'][1]:+.3f}]"
+    text = f"{d['mean']:+.3f} [{d['ci90'][0]:+.3f}, {d['ci90'][1]:+.3f}]"
+    return text + (" (one seed: tasks only)" if d["n_seeds"] == 1 else "")
 
 
 def _seeds(d: dict | None) -> str:
