@@ -10,6 +10,7 @@ branch cannot be promoted however its reward looks.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from evotrainer.records.calls import accepted, broke_passing_tests
@@ -34,6 +35,16 @@ def episode_calls(r: Rollout) -> list[dict[str, Any]]:
     and ``error``, None when the environment accepted the call). An entry that is not such a record
     (a rollout file written by hand or by another tool) is left out, so it counts as no call."""
     return [c for c in (r.tool_calls or []) if isinstance(c, dict)]
+
+
+def repeated_calls(r: Rollout) -> int:
+    """Calls that repeat an earlier call of the same episode exactly (same tool, same arguments)."""
+    seen, n = set(), 0
+    for c in episode_calls(r):
+        key = (c.get("name"), json.dumps(c.get("args"), sort_keys=True, default=str))
+        n += key in seen
+        seen.add(key)
+    return n
 
 
 def valid_calls(r: Rollout) -> int:
@@ -88,10 +99,11 @@ def guided(r: Rollout) -> bool:
 
 
 def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | None]:
-    """Valid-call rate (of all calls), and the shares of episodes that edited, ran tests, made progress:
-    the policy's own, so of the free episodes where there are any; and, when some were guided, the
-    share of the guided ones that made progress (``guided_progress_rate``) and that handed in a patch
-    breaking a test that passed before (``guided_breaking_rate``: what the guided edits write)."""
+    """Valid-call and repeated-call rates (of all calls), and the shares of episodes that edited, ran
+    tests, made progress: the policy's own, so of the free episodes where there are any; and, when some
+    were guided, the share of the guided ones that made progress (``guided_progress_rate``) and that
+    handed in a patch breaking a test that passed before (``guided_breaking_rate``: what the guided
+    edits write)."""
     episodes = [r for r in rollouts if is_episode(r)]
     steered = [r for r in episodes if guided(r)]
     eps = [r for r in episodes if not guided(r)] or episodes
@@ -99,6 +111,8 @@ def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | N
         return {}
     calls = sum(len(episode_calls(r)) for r in eps)
     out = {f"{prefix}valid_call_rate": sum(valid_calls(r) for r in eps) / calls if calls else 0.0,
+           # the echo trap: calls that repeat one the episode already made, the same tool and arguments
+           f"{prefix}repeat_call_rate": sum(repeated_calls(r) for r in eps) / calls if calls else 0.0,
            f"{prefix}edit_rate": mean([edited(r) for r in eps]),
            f"{prefix}test_run_rate": mean([ran_tests(r) for r in eps]),
            f"{prefix}progress_rate": mean([progress(r) for r in eps])}

@@ -261,11 +261,12 @@ def _change_text(entry: LibraryEntry) -> str:
 def seed_skills(entries: Sequence[LibraryEntry] | None = None) -> list[dict[str, Any]]:
     """The entries as skills (the fields of ``loop/skills.py`` ``Skill``), for seeding a skill library:
     literature knowledge, so no evidence yet, not validated, and not tied to a domain. A skill's trigger
-    is one set of conditions, so an entry with an ``or_trigger`` becomes two skills (``...-or``)."""
+    is one set of conditions, so an entry with an ``or_trigger`` becomes two skills (``...-or``), and
+    one with more triggers more (``...-or2``, ...)."""
     out = []
     for e in entries if entries is not None else default_entries():
         for i, trigger in enumerate(e.triggers or ((),)):
-            out.append(_seed_skill(e, trigger, "-or" if i else ""))
+            out.append(_seed_skill(e, trigger, "" if i == 0 else "-or" if i == 1 else f"-or{i}"))
     return out
 
 

@@ -62,6 +62,8 @@ class LibraryEntry:
     episodes_only: bool = False
     # A second report the same change answers (all must hold): the entry fires on either.
     or_trigger: tuple[dict[str, Any], ...] = ()
+    # Further such reports (each a set of conditions that must all hold), after the or_trigger.
+    more_triggers: tuple[tuple[dict[str, Any], ...], ...] = ()
 
     @property
     def kind(self) -> str:
@@ -73,8 +75,8 @@ class LibraryEntry:
 
     @property
     def triggers(self) -> tuple[tuple[dict[str, Any], ...], ...]:
-        """Each set of conditions the entry fires on (its trigger, then its or_trigger when set)."""
-        return tuple(t for t in (self.trigger, self.or_trigger) if t)
+        """Each set of conditions the entry fires on (its trigger, its or_trigger, then any more)."""
+        return tuple(t for t in (self.trigger, self.or_trigger, *self.more_triggers) if t)
 
     def fires(self, metrics: dict[str, Any]) -> bool:
         return any(all(holds(c, metrics) for c in t) for t in self.triggers)

@@ -257,7 +257,10 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "episode's turns, repeats fall without valid calls falling and dead groups regain variance, because the echo "
         "trap now lowers the reward of the episodes caught in it and a malformed call is no way out of it.",
         FEWER_DEAD, "the echo-trap rule of the agentic RL field notes", template=REPEAT_PENALTY,
-        params=(Param("weight", (0.1, 0.3)),), episodes_only=True),
+        params=(Param("weight", (0.1, 0.3)),), episodes_only=True,
+        # The greedy held-out episodes can be caught in the trap (rereading one file) while the sampled
+        # training episodes' calls are still malformed and repeat nothing: the engine's held-out rate.
+        or_trigger=(when("heldout_repeat_call_rate", ">", 0.3),)),
     LibraryEntry(
         "swe_progress_credit", "reward (episodes): credit for an applied edit and a test run, capped below a resolution",
         "hook:reward", (when("train_valid_call_rate", ">", 0.5), when("train_progress_rate", "<", 0.05)),
@@ -271,5 +274,8 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         # A guided plan's episodes edit and run the tests, and a resolution-only reward pays them what it pays
         # the free ones (nothing): every group is dead. The credit makes the plan's progress the contrast.
         or_trigger=(when("train_guided_progress_rate", ">", 0.5), when("dead_group_ratio", ">", 0.5),
-                    when("train_progress_rate", "<", 0.05))),
+                    when("train_progress_rate", "<", 0.05)),
+        # Well-formed held-out calls that edit nothing and run no test (the engine's calls_without_progress
+        # on the held-out split): the same answer, read where the greedy policy shows it.
+        more_triggers=((when("heldout_valid_call_rate", ">", 0.5), when("heldout_progress_rate", "<", 0.05)),)),
 )
