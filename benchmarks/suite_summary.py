@@ -76,10 +76,19 @@ def summarize(results: Path = RESULTS, planned: dict[str, int] | None = None) ->
                           "untrained": _r(untrained) if untrained is not None else None,
                           "n_test": data.get("untrained", {}).get("n_test"),
                           "modes": modes, "delta": deltas, "scored_on_test": data["scored_on_test"]}
+    from suite import SETTINGS
+
+    for name in planned or {}:   # a planned setting without a run yet still has its row
+        if name not in settings and name in SETTINGS:
+            settings[name] = {"why": SETTINGS[name].why, "steps": SETTINGS[name].steps,
+                              "protocol": "equal total training steps", "seeds": [], "untrained": None,
+                              "n_test": None, "modes": {}, "delta": {}, "scored_on_test": []}
+    settings = dict(sorted(settings.items(), key=lambda kv: _suite_order({"setting": kv[0]})))
     pooled = {k: _delta(pooled_delta(v)) for k, v in clusters.items() if v}
     done = sum(len(m["per_seed"]) for s in settings.values() for m in s["modes"].values())
     return {"settings": settings, "pooled": {"delta": pooled},
-            "runs": {"done": done, **({"planned": sum(planned.values())} if planned else {})},
+            "runs": {"done": done, **({"planned": sum(planned.values()), "planned_by_setting": dict(planned)}
+                                      if planned else {})},
             "ci": "90%, resampling seeds, then tasks within the drawn seeds (evotrainer.fitness.seed_stats)"}
 
 
