@@ -342,16 +342,17 @@ def test_loop_runs_with_engine_vllm(tmp_path, capsys, monkeypatch):
     assert checked >= 3
 
 
-def test_lock_step_training_prunes_the_versions_one_by_one_would(tmp_path, capsys):
-    """A train_steps budget that runs out inside a generation: lock-step training under vLLM starts
-    the versions the budget allows when they are started one by one (the transformers engine's
-    path), trains those together and prunes the same ones, with the same steps spent."""
+def test_lock_step_training_prunes_the_versions_one_by_one_would(tmp_path, capsys, monkeypatch):
+    """A train_steps budget that runs out inside a generation: lock-step training (vLLM's multi-LoRA,
+    the transformers engine's per-row adapters) starts the versions the budget allows when they are
+    started one by one (the transformers engine without shared batches), trains those together and
+    prunes the same ones, with the same steps spent."""
     from evotrainer.cli.app import main
     from evotrainer.records.run_state import load_state
     from evotrainer.records.version import VersionDir
 
-    def run(engine):
-        run_dir = tmp_path / engine
+    def run(engine, label):
+        run_dir = tmp_path / label
         cfg = {
             "model": "tiny-random", "engine": engine, "run_dir": str(run_dir),
             "domain": {"difficulty": 2, "n_train": 8, "n_heldout": 4, "n_test": 4},
@@ -361,7 +362,7 @@ def test_lock_step_training_prunes_the_versions_one_by_one_would(tmp_path, capsy
                           "generations": 3, "steps_per_generation": 2, "operators": {"knobs": 1.0},
                           "user_skills": False, "exploit_share": 0.0, "budget": {"train_steps": 10}},
         }
-        path = tmp_path / f"{engine}.yaml"
+        path = tmp_path / f"{label}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         assert main(["run", str(path)]) == 0
         out = " ".join(capsys.readouterr().out.split())
@@ -369,10 +370,14 @@ def test_lock_step_training_prunes_the_versions_one_by_one_would(tmp_path, capsy
                   and "not trained" in " ".join(VersionDir(p).meta().decision.get("reasons", []))}
         return out, pruned, load_state(run_dir)
 
-    out_v, pruned_v, state_v = run("vllm")
-    out_t, pruned_t, state_t = run("transformers")
-    # gen 0: the seed, 2 steps; gen 1: its continuation and two children, trained together under
-    # vLLM; gen 2: 2 steps left for the two survivors' continuations of 2 steps: one starts, one is pruned
-    assert "training v0001, v0002, v0003 together" in out_v and "together" not in out_t
-    assert pruned_v == pruned_t and len(pruned_v) == 1
+    out_v, pruned_v, state_v = run("vllm", "vllm")
+    out_b, pruned_b, state_b = run("transformers", "batched")
+    monkeypatch.delattr(TransformersEngine, "generate_many")   # one version after another
+    out_t, pruned_t, state_t = run("transformers", "alone")
+    # gen 0: the seed, 2 steps; gen 1: its continuation and two children, trained together; gen 2: 2
+    # steps left for the two survivors' continuations of 2 steps: one starts, one is pruned
+    together = "training v0001, v0002, v0003 together"
+    assert together in out_v and together in out_b and "together" not in out_t
+    assert pruned_v == pruned_b == pruned_t and len(pruned_v) == 1
+    assert state_b.budget_used["train_steps"] == 10
     assert state_v.budget_used["train_steps"] == state_t.budget_used["train_steps"] == 10
