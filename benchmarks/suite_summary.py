@@ -96,7 +96,7 @@ def _ci(d: dict | None) -> str:
     if not d:
         return "-"
     text = f"{d['mean']:+.3f} [{d['ci90'][0]:+.3f}, {d['ci90'][1]:+.3f}]"
-    return text + (" (one seed: tasks only)" if d["n_seeds"] == 1 else "")
+    return text + (" (one seed: tasks only)" if d["n_seeds"] == 1 or "tasks only" in d.get("note", "") else "")
 
 
 def _seeds(d: dict | None) -> str:

@@ -69,7 +69,8 @@ def test_pooled_delta_treats_each_setting_seed_as_a_cluster_and_never_drops_a_se
     assert r.n_seeds == 3 and r.mean == pytest.approx(0.1)
     assert set(r.per_seed) == {0, 1, 2}
     # Setting c's one seed is in every resample (stratified), so no resample's mean reaches 0.3 or -0.1.
-    assert r.ci90[0] > -0.1 + 1e-9 and r.ci90[1] < 0.3 - 1e-9
+    assert r.ci90[0] > -0.1 + 1e-9 and r.ci90[1] < 0.3 - 1e-9 and not r.note
+    assert "tasks only" in pooled_delta({"m": {0: {"x": 0.1, "z": 0.2}}, "c": {0: {"y": -0.1}}}).note
 
 
 def test_degenerate_and_bad_inputs():

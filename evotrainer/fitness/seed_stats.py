@@ -156,7 +156,9 @@ def pooled_delta(per_setting: Mapping[str, Mapping[int, Mapping[str, float]]], l
         raise ValueError("no settings to pool")
     mean = float(np.mean(list(per_cluster.values())))
     boot = np.concatenate(draws, axis=1).mean(axis=1)
-    return SeedDelta(mean, _interval(boot, level), per_cluster, len(per_cluster), min(n_tasks), level)
+    single = all(d.shape[1] == 1 for d in draws)
+    note = "one seed per setting: the interval resamples tasks only and says nothing of seed variance" if single else ""
+    return SeedDelta(mean, _interval(boot, level), per_cluster, len(per_cluster), min(n_tasks), level, note)
 
 
 def minimum_detectable_effect(seed_sd: float, n_seeds: int, level: float = LEVEL, power: float = 0.8) -> float:
