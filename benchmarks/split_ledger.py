@@ -56,11 +56,11 @@ def ledger() -> dict[tuple, dict[str, set[str]]]:
             for r in data["runs"]:
                 if "test_scores" in r or "test_accuracy" in r:
                     add(split, r["variant"], path.name)
-    for path in sorted((RESULTS / "suite").glob("*.json")):
+    for path in sorted(RESULTS.glob("suite*/*.json")):   # the suite, and its earlier draws (suite_ds46/)
         data = json.loads(path.read_text())
         split = split_of(data["config"], data.get("overrides") or [f"domain.seed={data['domain_seed']}"])
         for v in data["scored_on_test"]:
-            add(split, v["variant"], f"suite/{path.name}")
+            add(split, v["variant"], f"{path.parent.name}/{path.name}")
     return out
 
 

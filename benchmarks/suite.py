@@ -36,8 +36,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 CONFIGS = ROOT / "benchmarks" / "configs" / "suite"
 RESULTS = ROOT / "benchmarks" / "results" / "suite"
 MODES = ("reference", "evolve", "random-library")
-# A domain seed no earlier benchmark drew its splits with (they all used 0): fresh test draws.
-DOMAIN_SEED = 46
+# A domain seed no earlier benchmark drew its splits with: fresh test draws. 46 was the first; its 7 runs
+# (benchmarks/results/suite_ds46/) were seen before the library's learning-rate entries changed (the
+# loop's reports gained the held-out delta they read, and the unstick entry), so the suite draws anew.
+DOMAIN_SEED = 47
 
 
 @dataclass(frozen=True)

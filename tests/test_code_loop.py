@@ -47,6 +47,11 @@ def test_evolve_code_runs_the_loop_to_the_end(tmp_path, capsys):
     # The health report and the gate's checks ran on code: the code harness's metrics, and every engine check.
     report = json.loads((vdir.path / "health.json").read_text())
     assert "test_pass_rate" in json.dumps(report)
+    # Every version's report reads against where it started (generation 0: the untrained model's record),
+    # so the held-out delta and changed rate that the learning-rate entries read are there.
+    for vid in metas:
+        m = json.loads((run_dir / "versions" / vid / "health.json").read_text())["metrics"]
+        assert m["heldout_delta"] is not None and 0.0 <= m["heldout_changed_rate"] <= 1.0, vid
     children = [m for m in metas.values() if m.operator and m.decision]
     assert children
     for c in children:

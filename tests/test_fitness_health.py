@@ -14,7 +14,7 @@ from evotrainer.records.version import VersionDir
 from evotrainer.records.scores import heldout_accuracy as accuracy
 from evotrainer.fitness.cache import write_version
 from evotrainer.cli.fitness import register
-from evotrainer.fitness.engine_metrics import engine_alerts, outcome_flow
+from evotrainer.fitness.engine_metrics import changed_rate, engine_alerts, outcome_flow
 from evotrainer.fitness.health import SEVERITY_RANK, health_report
 from evotrainer.testing.planted import planted_leak_scenario
 from evotrainer.records.rollout import Rollout, group_rollouts
@@ -45,6 +45,10 @@ def test_report_of_a_trained_version(dirs):
     # The harness's diagnostics ran in the sandbox on the cache: the reference harness's metric names.
     assert {"reward_mean", "dead_group_ratio", "reward_spread"} <= set(r.harness_metrics) and not r.errors
     assert len(r.history) == 0    # 3 steps, window 3: everything is "current"
+    # Whether training moved any greedy held-out answer: recomputed from the tokens.
+    before = {(x.task_id, x.seed): x.completion_ids for x in base}
+    moved = [x.completion_ids != before[(x.task_id, x.seed)] for x in held]
+    assert e["heldout_changed_rate"] == pytest.approx(sum(moved) / len(moved))
     # Outcome flow base -> after covers every held-out (task, seed) once.
     f = r.flow
     assert f["fixed"] + f["broken"] + f["kept_correct"] + f["kept_wrong"] == len(held) and f["unpaired"] == 0
@@ -132,3 +136,23 @@ def test_calls_without_progress_reads_both_splits(rates, says):
     assert len(found) == (1 if says else 0)
     for where in says:
         assert where in found[0]["message"] and found[0]["source"] == "engine"
+
+
+def test_a_compared_version_is_the_base_of_the_delta_and_the_changed_rate(dirs):
+    """The loop reports a version against its parent: the held-out delta and the changed rate read the
+    parent's held-out outcomes on the same (task, seed) units, not the version's own base record."""
+    leaky, honest = VersionDir(dirs["leaky"]), VersionDir(dirs["honest"])
+    e = health_report(dirs["leaky"], compare=dirs["honest"]).engine
+    assert e["heldout_accuracy_base"] == accuracy(honest.rollouts("heldout"))
+    assert e["heldout_delta"] == pytest.approx(accuracy(leaky.rollouts("heldout")) - accuracy(honest.rollouts("heldout")))
+    assert e["heldout_changed_rate"] == changed_rate(honest.rollouts("heldout"), leaky.rollouts("heldout"))
+    assert health_report(dirs["honest"], compare=dirs["honest"]).engine["heldout_changed_rate"] == 0.0
+
+
+def test_changed_rate_pairs_units_and_counts_token_changes():
+    def r(task, seed, ids):
+        return Rollout(task_id=task, messages=[], completion="", completion_ids=ids, seed=seed)
+    before = [r("a", 0, [1, 2]), r("b", 0, [3]), r("c", 0, [4])]
+    after = [r("a", 0, [1, 2]), r("b", 0, [3, 5]), r("c", 1, [4]), r("d", 0, [9])]
+    assert changed_rate(before, after) == 0.5        # a kept, b changed; c (other seed) and d unpaired
+    assert changed_rate([], after) is None

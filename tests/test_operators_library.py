@@ -298,3 +298,22 @@ def test_every_domains_reference_harness_lets_curriculum_and_prompt_entries_appl
     assert ENTRIES["pass_rate_curriculum"].unavailable(seed) is None
     harness = Harness(seed)
     assert harness.uses_reference("select_tasks") and harness.uses_reference("prompt")
+
+
+@pytest.mark.parametrize("changed, fires, quiet", [
+    (0.0, "unstick_learning_rate", "raise_learning_rate"),    # live groups, yet no held-out answer moved
+    (0.3, "raise_learning_rate", "unstick_learning_rate"),    # answers moved, the score did not
+])
+def test_a_policy_that_did_not_move_gets_an_order_of_magnitude_learning_rate(changed, fires, quiet):
+    """TRL's default learning rate (1e-6, sized for full fine-tuning) leaves a LoRA adapter where it
+    started: no greedy held-out answer changes though the groups had a gradient. Doubling it would not
+    help; the unstick entry moves it by 30-300x (clipped to the knob's range), and only on that report."""
+    report = {"metrics": {"heldout_delta": 0.0, "dead_group_ratio": 0.5, "heldout_changed_rate": changed}}
+    op = get_operator("library", seed=0)
+    fired = {a.entry.id for a in op.applicable(reference(), Evidence(health_report=report))[0]}
+    assert fires in fired and quiet not in fired
+    parent = reference().with_knobs(learning_rate=1e-6)   # what `grpo.learning_rate: 1e-6` seeds
+    for params in ENTRIES["unstick_learning_rate"].combinations(parent):
+        iv = propose_entry("library", parent, ENTRIES["unstick_learning_rate"], params, Evidence(health_report=report))
+        new = iv.child().knobs["learning_rate"]["value"]
+        assert 3e-5 * 0.99 <= new <= 1e-3 and iv.factors == ["knob:learning_rate"]

@@ -35,8 +35,19 @@ def outcome_flow(before: Sequence[Rollout], after: Sequence[Rollout], before_nam
     return flow
 
 
-def engine_metrics(v: CachedVersion, window: int = 3) -> dict[str, float | None]:
-    """Metrics from the cache and the engine's verdicts only (no genome code runs)."""
+def changed_rate(before: Sequence[Rollout], after: Sequence[Rollout]) -> float | None:
+    """Share of the (task, seed) units both hold whose completion tokens differ: 0 when training moved
+    no held-out answer (greedy verification: the adapter changed no argmax on these prompts)."""
+    b = {(r.task_id, r.seed): r.completion_ids for r in before}
+    pairs = [(b[(r.task_id, r.seed)], r.completion_ids) for r in after if (r.task_id, r.seed) in b]
+    return mean([x != y for x, y in pairs]) if pairs else None
+
+
+def engine_metrics(v: CachedVersion, window: int = 3, base: Sequence[Rollout] | None = None) -> dict[str, float | None]:
+    """Metrics from the cache and the engine's verdicts only (no genome code runs). ``base``: the
+    held-out outcomes this version's are compared with (its parent's on the same tasks, in the loop);
+    default: its own base-model outcomes, when it has them."""
+    base_rollouts = v.heldout_base if base is None else base
     train, late = v.train, last_steps(v.train, window)
     rewards = [r.reward for r in train if r.reward is not None]
     late_rewards = [r.reward for r in late if r.reward is not None]
@@ -47,7 +58,7 @@ def engine_metrics(v: CachedVersion, window: int = 3) -> dict[str, float | None]
     lengths = [len(r.completion_ids) for r in train + v.heldout]
     tokens = sum(len(r.logprobs) for r in train)
     held = [outcome(r) for r in v.heldout]
-    base = [outcome(r) for r in v.heldout_base]
+    base = [outcome(r) for r in base_rollouts]
     m: dict[str, float | None] = {
         "heldout_accuracy": mean(held) if held else None,
         "heldout_accuracy_base": mean(base) if base else None,
@@ -74,6 +85,9 @@ def engine_metrics(v: CachedVersion, window: int = 3) -> dict[str, float | None]
     }
     h, hb = m["heldout_accuracy"], m["heldout_accuracy_base"]
     m["heldout_delta"] = h - hb if h is not None and hb is not None else None
+    # Whether training moved the policy at all: a learning rate far too small for a LoRA adapter
+    # leaves every greedy held-out answer as it was, with live groups to learn from.
+    m["heldout_changed_rate"] = changed_rate(base_rollouts, v.heldout)
     tc, tr = m["train_correct_rate_last"], m["train_reward_mean_last"]
     m["train_heldout_gap"] = tc - h if tc is not None and h is not None else None
     m["reward_heldout_gap"] = tr - h if tr is not None and h is not None else None

@@ -125,7 +125,12 @@ def health_report(version: str | Path | CachedVersion, compare: str | Path | Cac
     """The health report of a version dir. ``compare``: an earlier version whose held-out outcomes
     flow into this one's (default: this version's own base-model held-out outcomes)."""
     v = version if isinstance(version, CachedVersion) else CachedVersion.load(version)
-    engine = engine_metrics(v, window)
+    other = None
+    if compare is not None:
+        other = compare if isinstance(compare, CachedVersion) else CachedVersion.load(compare)
+    # The held-out delta and changed rate read against the compared version when there is one (the
+    # loop's parent: same tasks, same seeds), else against this version's own base-model outcomes.
+    engine = engine_metrics(v, window, base=other.heldout if other is not None else None)
     own = harness is None
     harness = harness or Harness(v.program, sandbox=True)
     try:
@@ -133,8 +138,7 @@ def health_report(version: str | Path | CachedVersion, compare: str | Path | Cac
     finally:
         if own:
             harness.close()
-    if compare is not None:
-        other = compare if isinstance(compare, CachedVersion) else CachedVersion.load(compare)
+    if other is not None:
         flow = outcome_flow(other.heldout, v.heldout, other.name, v.name)
     elif v.heldout_base:
         flow = outcome_flow(v.heldout_base, v.heldout, "base", v.name)

@@ -29,6 +29,7 @@ from evotrainer.loop.merging import start_adapter
 from evotrainer.loop.progress import NullProgress
 from evotrainer.loop.runtime import Runtime
 from evotrainer.loop.selection import groups_with_gradient
+from evotrainer.loop.start import START
 from evotrainer.policy.collect import CollectJob, collect_many, default_prompt, prompt_fn, shares_batches, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.episodes import sampled_token_budget
@@ -321,7 +322,11 @@ def _record_verification(exp: RunContext, vid: str, heldout: list, verify_second
     heldout = [r for r in heldout if r.task_id in in_gate]
     vd.save_rollouts("selection", selection)
     vd.save_rollouts("heldout", heldout)
-    parent_dir = exp.vdir(meta.parents[0]).path if meta.parents and exp.vdir(meta.parents[0]).path.exists() else None
+    # Its report reads against where it started: the parent, or for generation 0 the untrained model's
+    # record beside the versions folder (the start: same gate tasks, same seeds).
+    start = vd.path.parent.parent / START
+    parent_dir = (exp.vdir(meta.parents[0]).path if meta.parents else start)
+    parent_dir = parent_dir if (parent_dir / "rollouts" / "heldout.jsonl").is_file() else None
     with exp.budgets.timed("health"):
         report = health_report(vd.path, compare=parent_dir)
         write_atomic(vd.path / "health.json", report.to_json())

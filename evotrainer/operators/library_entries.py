@@ -306,11 +306,19 @@ ENTRIES: tuple[LibraryEntry, ...] = (
     LibraryEntry(
         "raise_learning_rate", "knob: raise the learning rate",
         "knob:learning_rate", (when("heldout_delta", "<", 0.02), when("heldout_delta", ">", -0.05),
-                               when("dead_group_ratio", "<", 0.9)),
+                               when("dead_group_ratio", "<", 0.9), when("heldout_changed_rate", ">=", 0.05)),
         "If learning_rate rises from {old} to {new}, held-out score rises, because training signal exists "
         "(live groups) but held-out accuracy barely moved.",
         FITTER, "learning-rate increase on a plateau (TRL GRPOConfig.learning_rate)",
         move=KnobMove("learning_rate", (2.0, 4.0))),
+    LibraryEntry(
+        "unstick_learning_rate", "knob: raise the learning rate by orders of magnitude",
+        "knob:learning_rate", (when("heldout_changed_rate", "<", 0.05), when("dead_group_ratio", "<", 0.9)),
+        "If learning_rate rises from {old} to {new}, training changes held-out answers and held-out score rises, "
+        "because the groups had a gradient yet the adapter changed almost no greedy held-out answer (a step "
+        "far too small for a LoRA adapter, as TRL's 1e-6 default, sized for full fine-tuning).",
+        FITTER, "LoRA learning rates (Hu et al., 2021) against TRL GRPOConfig's full fine-tuning default",
+        move=KnobMove("learning_rate", (30.0, 100.0, 300.0))),
     LibraryEntry(
         "more_generations", "knob: more rollouts per group (group size)",
         "knob:num_generations", (when("dead_group_ratio", ">", 0.5),),
