@@ -256,6 +256,10 @@ class EvolutionConfig(_Section):
                                         "more children; the elite trains until the budget is spent), else of the "
                                         "generations; 0: explore to the end; unset: 0.5 with a step budget, else 0")
     knobs_startup_trials: int = Field(3, ge=0, description="random knob trials before TPE models the paired deltas")
+    entry_prior: str | None = Field("shipped", description="how the library and llm_choice weigh fired entries by "
+                                    "what each did when screened alone on this domain: 'shipped' (the screens "
+                                    "that come with EvoTrainer), a path to a prior JSON (benchmarks/entry_prior.py), "
+                                    "or null for none")
     skills_validate_after: int = Field(2, ge=1)
     user_skills: bool = Field(True, description="read and extend the user-level skill library")
     llm: LLMConfig = Field(default_factory=LLMConfig)
@@ -281,6 +285,14 @@ class EvolutionConfig(_Section):
             raise ValueError(f"unknown human gate point(s) {', '.join(map(repr, unknown))}; choose from "
                              f"{', '.join(HUMAN_GATE_POINTS)} (or true for backtest, false for none)")
         return [p for p in HUMAN_GATE_POINTS if p in value]   # flow order, no repeats
+
+    @field_validator("entry_prior")
+    @classmethod
+    def _prior_file(cls, value: str | None) -> str | None:
+        if value not in (None, "shipped") and not Path(value).is_file():
+            raise ValueError(f"no prior file at {value!r}: write one with benchmarks/entry_prior.py, or use "
+                             "'shipped' or null")
+        return value
 
     @property
     def exploit(self) -> float:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evotrainer.config import MODE_OPERATORS, Config
+from evotrainer.operators.entry_prior import prior_weights
 from evotrainer.operators.llm_client import LocalClient, OpenAIClient, TokenBudget, proposal_deadline
 from evotrainer.operators.registry import OperatorMix
 
@@ -44,6 +45,11 @@ def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: l
     by_name: dict[str, dict[str, Any]] = {}
     if "llm_choice" in weights:   # so it offers no knob that cannot change training under this recipe
         by_name["llm_choice"] = {"fixed": fixed}
+    if ev.entry_prior is not None:   # what each entry did when screened: library and llm_choice draw by it
+        prior = prior_weights(cfg.domain.name, None if ev.entry_prior == "shipped" else ev.entry_prior)
+        for name in ("library", "llm_choice"):
+            if name in weights:
+                by_name.setdefault(name, {})["prior"] = prior
     if "knobs" in weights:
         by_name["knobs"] = {"storage": f"sqlite:///{run_dir.resolve()}/optuna.db", "fixed": fixed,
                             "n_startup_trials": ev.knobs_startup_trials}

@@ -123,14 +123,16 @@ class LibraryOperator:
     """Proposes library entries whose triggers fire on the parent's health report (no LLM).
 
     ``weights`` (entry id -> weight, default each entry's own) set how often a fired entry is drawn;
-    the loop may change them as entries succeed or fail. A child already known, or already proposed
-    by this operator on the same parent, is never proposed again.
+    the loop may change them as entries succeed or fail. ``prior`` (entry id -> multiplier, from
+    ``entry_prior.prior_weights``: what the entry did when screened on this domain) scales them and
+    is never learned over. A child already known, or already proposed by this operator on the same
+    parent, is never proposed again.
     """
 
     name = "library"
 
     def __init__(self, seed: int = 0, weights: dict[str, float] | None = None,
-                 entries: Sequence[LibraryEntry] | None = None) -> None:
+                 entries: Sequence[LibraryEntry] | None = None, prior: dict[str, float] | None = None) -> None:
         self.rng = random.Random(seed)
         self.entries = list(entries) if entries is not None else default_entries()
         ids = [e.id for e in self.entries]
@@ -138,6 +140,8 @@ class LibraryOperator:
             raise ValueError(f"library entry ids must be unique: {sorted(i for i in ids if ids.count(i) > 1)}")
         self.weights = {e.id: e.weight for e in self.entries}
         self.set_weights(weights or {})
+        # Entries a prior names that this library lacks (a user's own entry list) are left out of it.
+        self.prior = {e: w for e, w in (prior or {}).items() if e in self.weights}
         self._proposed: set[tuple[str, str]] = set()   # (parent hash, child hash) proposed so far
 
     def set_weights(self, weights: dict[str, float]) -> None:
@@ -157,11 +161,12 @@ class LibraryOperator:
         confirmations of the skills that name it and fire on this report (this run's and earlier
         runs', summed), so a change a gate confirmed before is tried sooner where it applies again; a skill
         never confirmed (a seeded library entry) adds nothing. An entry that moves a knob the report's
-        alerts name weighs ``Evidence.named_weight`` times more, as in the knobs operator's draw."""
+        alerts name weighs ``Evidence.named_weight`` times more, as in the knobs operator's draw; and
+        every weight is scaled by the prior's multiplier (1 for an entry it never screened)."""
         confirmed = confirmed_entries(evidence)
         knob = {e.id: e.move.knob for e in self.entries if e.move is not None}
         return {e: w * (1 + confirmed.get(e, 0)) * (evidence.named_weight(knob[e]) if e in knob else 1.0)
-                for e, w in self.weights.items()}
+                * self.prior.get(e, 1.0) for e, w in self.weights.items()}
 
     def remember(self, parent: HarnessProgram, child_hash: str) -> None:
         self._proposed.add((parent.hash, child_hash))
@@ -219,7 +224,7 @@ class RandomLibraryOperator(LibraryOperator):
     diagnose = False
 
     def __init__(self, seed: int = 0, entries: Sequence[LibraryEntry] | None = None, **_) -> None:
-        super().__init__(seed=seed, entries=entries)
+        super().__init__(seed=seed, entries=entries)   # no prior either: the baseline knows nothing
         self.weights = {e.id: 1.0 for e in self.entries}
 
     def set_weights(self, weights: dict[str, float]) -> None:   # uniform: nothing is learned

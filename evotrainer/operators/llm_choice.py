@@ -115,9 +115,10 @@ class LLMChoiceOperator(LLMOperator):
 
     def __init__(self, client: Any = None, max_tokens: int = 256, temperature: float = 0.7, seed: int = 0,
                  weights: dict[str, float] | None = None, fixed: dict[str, Any] | None = None,
-                 offer_knobs: bool = True) -> None:
+                 offer_knobs: bool = True, prior: dict[str, float] | None = None) -> None:
         super().__init__(client, max_tokens=max_tokens, temperature=temperature)
-        self.library = LibraryOperator(seed=seed, weights=weights)   # the fired entries, skip rules and weights
+        # the fired entries, skip rules, weights and the entry prior (which entries it lists first)
+        self.library = LibraryOperator(seed=seed, weights=weights, prior=prior)
         self.rng = random.Random(seed)
         self.fixed = dict(fixed or {})     # recipe settings that are not knobs (decide which knobs are inert)
         self.offer_knobs = offer_knobs
