@@ -28,7 +28,7 @@ from evotrainer.loop.continuations import continue_survivors
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.diversity import version_cell
 from evotrainer.loop.executor import Executor, build_executor
-from evotrainer.loop.exploit import exploration_overruns
+from evotrainer.loop.exploit import exploration_overruns, survivors_that_fit
 from evotrainer.loop.final_pick import report_test
 from evotrainer.loop import human_gate
 from evotrainer.loop.gating import GateInputs, gate_version
@@ -223,13 +223,24 @@ class Experiment:
         s.live = []
 
     def narrow_to_exploit(self, g: int, cands: list[Candidate], survivors: list[str]) -> list[str]:
-        """In the exploit phase only the elite lives on (``loop/exploit.py``); entering it is logged."""
+        """In the exploit phase only the elite lives on (``loop/exploit.py``); entering it is logged.
+        Before it, a generation that would pass the exploration share narrows to the survivors that
+        leave room for its children, when any can."""
         s = self.state
         why = ""
         if s.exploit_from is None:
-            overruns, why = exploration_overruns(self.cfg, s.budget_used.get("train_steps", 0), len(survivors), g)
+            used = s.budget_used.get("train_steps", 0)
+            overruns, why = exploration_overruns(self.cfg, used, len(survivors), g)
             if not overruns:
                 return survivors
+            k = survivors_that_fit(self.cfg, used, len(survivors))
+            if k >= 1 and cands:
+                best = select_survivors([c for c in cands if c.version_id in survivors], k, elitism=k)
+                if best:
+                    self.say(f"gen {g}: {why}; the best {len(best)} of {len(survivors)} survivors continue "
+                             f"({', '.join(best)}) so that {self.cfg.evolution.children_per_generation} more "
+                             "children fit")
+                    return best
             s.exploit_from = g
         # No candidates this generation (nothing trained): the best of the standing survivors.
         best = select_survivors(cands or self.candidates(survivors), 1, elitism=1)
