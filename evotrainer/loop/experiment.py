@@ -28,7 +28,7 @@ from evotrainer.loop.continuations import continue_survivors
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.diversity import version_cell
 from evotrainer.loop.executor import Executor, build_executor
-from evotrainer.loop.exploit import exploration_overruns, survivors_that_fit
+from evotrainer.loop.exploit import exploration_overruns, exploring_slots, survivors_that_fit
 from evotrainer.loop.final_pick import report_test
 from evotrainer.loop import human_gate
 from evotrainer.loop.gating import GateInputs, gate_version
@@ -237,9 +237,9 @@ class Experiment:
             if k >= 1 and cands:
                 best = select_survivors([c for c in cands if c.version_id in survivors], k, elitism=k)
                 if best:
+                    fit = min(self.cfg.evolution.children_per_generation, exploring_slots(self.cfg, used) - len(best))
                     self.say(f"gen {g}: {why}; the best {len(best)} of {len(survivors)} survivors continue "
-                             f"({', '.join(best)}) so that {self.cfg.evolution.children_per_generation} more "
-                             "children fit")
+                             f"({', '.join(best)}) so that {fit} more child(ren) fit")
                     return best
             s.exploit_from = g
         # No candidates this generation (nothing trained): the best of the standing survivors.

@@ -22,6 +22,7 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.selection import rank_score
 from evotrainer.loop.decision_request import notes_for
+from evotrainer.loop.exploit import exploring_slots
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.operators import Evidence, OperatorError
 from evotrainer.operators.intervention import Intervention
@@ -117,11 +118,17 @@ def children_the_budget_allows(exp: Experiment, wanted: int) -> int:
         return wanted
     k = ev.steps_per_generation
     continuing = sum(1 for v in state.live if exp.vdir(v).meta().operator is None)
-    left = ev.budget.train_steps - state.budget_used.get("train_steps", 0) - continuing * k
+    used = state.budget_used.get("train_steps", 0)
+    left = ev.budget.train_steps - used - continuing * k
     room = max(0, int(left // k))
     if room < wanted:
         exp.say(f"gen {state.generation + 1}: {room} child(ren) instead of {wanted}: {max(0, left):.0f} train steps "
                 f"are left after {continuing} continuation(s), {k} per version")
+    slots = exploring_slots(exp.cfg, used) if state.exploit_from is None else None
+    if slots is not None and slots - continuing < min(wanted, room):   # a generation narrowed to fit the share
+        room = max(0, slots - continuing)
+        exp.say(f"gen {state.generation + 1}: {room} child(ren) instead of {wanted}: the exploration share holds "
+                f"{slots} version(s) of {k} steps beside {continuing} continuation(s)")
     return min(wanted, room)
 
 
