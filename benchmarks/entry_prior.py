@@ -45,6 +45,28 @@ def build(leave_out: str | None = None) -> dict:
             "domains": domains}
 
 
+def draw_precision(weights: dict[str, float], deltas: dict[str, list[float]]) -> float:
+    """The chance that a draw over the screened entries (by ``weights``, 1 where absent) picks one whose
+    screened mean delta is above 0: the library's precision on that domain's screens."""
+    total = sum(weights.get(e, 1.0) for e in deltas)
+    return sum(weights.get(e, 1.0) for e, v in deltas.items() if sum(v) / len(v) > 0) / total
+
+
+def precision_table() -> list[str]:
+    """Per screened domain: the draw precision of a uniform draw, of the prior built from every screen
+    (in-sample: it has seen these deltas) and of the prior built without this domain (transfer)."""
+    shipped = build()
+    lines = ["| domain | entries screened (helped) | uniform | prior, in-sample | prior, this domain left out |",
+             "|---|---|---|---|---|"]
+    for domain, deltas in shipped["domains"].items():
+        helped = sum(sum(v) / len(v) > 0 for v in deltas.values())
+        inside = {e: weight(v) for e, v in deltas_for(shipped, domain).items()}
+        out = {e: weight(v) for e, v in deltas_for(build(leave_out=domain), domain).items()}
+        lines.append(f"| {domain} | {len(deltas)} ({helped}) | {draw_precision({}, deltas):.0%} | "
+                     f"{draw_precision(inside, deltas):.0%} | {draw_precision(out, deltas):.0%} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--leave-out", default=None, help="build without this domain's screens (a transfer test)")
@@ -57,6 +79,7 @@ def main() -> None:
         print(f"{domain}{'' if domain in prior['domains'] else ' (pooled: not screened)'}: " + ", ".join(
             f"{e} {w:.2f}" for e, w in sorted(weights.items(), key=lambda kv: -kv[1])))
     print(f"wrote {args.out}")
+    print("\n".join(precision_table()))
 
 
 if __name__ == "__main__":
