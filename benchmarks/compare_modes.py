@@ -47,7 +47,7 @@ from evotrainer.records.scores import by_seed, task_scores
 from evotrainer.config import load_config
 from evotrainer.fitness.episodes import is_episode
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.start import START
+from evotrainer.loop.stages.start import START
 from evotrainer.records.version import VersionDir
 
 # benchmarks/: the script's folder
@@ -62,7 +62,7 @@ def best_version(exp: Experiment):
     """The run's own final pick (its best valid survivor on the selection draw, or the untrained model
     when every survivor ranks below it), as `evotrainer run` reports it; runs without one fall back to
     the best settled version on the gate draw."""
-    from evotrainer.loop.start import START, start_dir
+    from evotrainer.loop.stages.start import START, start_dir
     from evotrainer.records.version import BranchVersion
 
     final = exp.state.final or {}
@@ -100,7 +100,7 @@ def test_scores(exp: Experiment, vid: str) -> dict[str, list[float]]:
     """The pick's test-split scores: the run verified its final pick on the test split at its end
     (under the pick's own harness, so an evolved prompt is asked as it was trained); a version
     without those rollouts is verified here the same way."""
-    from evotrainer.loop.final_pick import TEST, report_test
+    from evotrainer.loop.stages.final_pick import TEST, report_test
 
     rollouts = exp.vdir(vid).rollouts(TEST)
     if not rollouts:

@@ -108,7 +108,7 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
             init_adapter: str | None = None) -> dict:
     """Trains ``program`` from the seed (or ``init_adapter``) for ``steps`` steps and verifies it on the
     test split."""
-    from evotrainer.loop.train_branch import train_branch
+    from evotrainer.loop.compute.train_branch import train_branch
 
     run_dir = root / name / f"seed{seed}"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +280,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"{path} holds runs that started from {data.get('init_adapter') or 'the base model'}, not "
                          f"{args.init_adapter or 'the base model'}: use another --json")
     if args.init_adapter:
-        from evotrainer.loop.train_branch import check_init_adapter
+        from evotrainer.loop.compute.train_branch import check_init_adapter
 
         check_init_adapter(cfg, args.init_adapter)   # a wrong folder is said before any compute
     if args.rescore:

@@ -29,7 +29,7 @@ import torch
 
 from evotrainer.config import load_config
 from evotrainer.fitness.paired_stats import decide_promotion
-from evotrainer.loop.train_branch import train_branch
+from evotrainer.loop.compute.train_branch import train_branch
 from evotrainer.records.scores import by_seed, task_scores
 from evotrainer.records.version import VersionDir
 

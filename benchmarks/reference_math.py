@@ -18,7 +18,7 @@ import time
 from evotrainer.records.scores import by_seed, task_scores
 from evotrainer.records.version import VersionDir
 from evotrainer.config import load_config
-from evotrainer.loop.train_branch import train_branch
+from evotrainer.loop.compute.train_branch import train_branch
 
 
 def main() -> None:

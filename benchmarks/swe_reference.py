@@ -32,7 +32,7 @@ import time
 import torch
 
 from evotrainer.config import load_config
-from evotrainer.loop.train_branch import train_branch
+from evotrainer.loop.compute.train_branch import train_branch
 from evotrainer.records.version import VersionDir
 
 

@@ -19,7 +19,7 @@ _API = {
     "load_base_model": "evotrainer.policy.base_model", "Policy": "evotrainer.policy.lora",
     "LoraSettings": "evotrainer.policy.lora", "TransformersEngine": "evotrainer.policy.rollout_engine",
     "SamplingParams": "evotrainer.policy.rollout_engine", "GRPOConfig": "evotrainer.policy.grpo",
-    "GRPOTrainer": "evotrainer.policy.grpo", "train_branch": "evotrainer.loop.train_branch",
+    "GRPOTrainer": "evotrainer.policy.grpo", "train_branch": "evotrainer.loop.compute.train_branch",
     "HarnessProgram": "evotrainer.genome.program", "Harness": "evotrainer.genome.harness",
     "BranchVersion": "evotrainer.records.version", "VersionDir": "evotrainer.records.version",
     "Experiment": "evotrainer.loop.experiment",

@@ -170,7 +170,7 @@ GATE_LEVEL = 0.9
 
 
 class MergeConfig(_Section):
-    """Merge children (loop/merging.py): two survivors' LoRA adapters merged with peft, under a crossover
+    """Merge children (loop/stages/merging.py): two survivors' LoRA adapters merged with peft, under a crossover
     of their harnesses, trained and gated against the first survivor's continuation like any child."""
 
     every: int = Field(1, ge=1, le=100_000, description="propose a merge child every this many generations")
@@ -198,15 +198,15 @@ class ValidityConfig(_Section):
         "share of prompts that carry their own task's answer that marks a prompt hook as leaking it"))
 
 
-# Where a person may decide (loop/human_gate.py), in the order a generation reaches them.
+# Where a person may decide (loop/human/human_gate.py), in the order a generation reaches them.
 HUMAN_GATE_POINTS = ("diagnosis", "design", "backtest", "completion")
 
-# The axes of a harness descriptor (loop/diversity.py): the training hooks, then the knob groups.
+# The axes of a harness descriptor (loop/stages/diversity.py): the training hooks, then the knob groups.
 DIVERSITY_AXES = ("reward", "filter", "advantages", "curriculum", "prompt", "knobs")
 
 
 class DiversityConfig(_Section):
-    """MAP-Elites over harness descriptors at selection (loop/diversity.py, docs/concepts/diversity.md)."""
+    """MAP-Elites over harness descriptors at selection (loop/stages/diversity.py, docs/concepts/diversity.md)."""
 
     min_cells: int = Field(2, ge=1, le=1024, description=(
         "survivors cover at least this many descriptor cells when the candidates hold them: the best of an "

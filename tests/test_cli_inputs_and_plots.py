@@ -48,7 +48,7 @@ def test_mutate_names_an_evidence_field_of_the_wrong_type(tmp_path, content, nee
 
 
 def test_empty_config_defaults_fit_the_generator():
-    from evotrainer.loop.validate import validate_resources
+    from evotrainer.loop.tools.validate import validate_resources
 
     validate_resources(parse_config({}), loop=True)        # what `run` checks before any compute
     d = parse_config({}).domain

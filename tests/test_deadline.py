@@ -13,7 +13,7 @@ import pytest
 
 from evotrainer.config import ConfigError, parse_config
 from evotrainer.genome.program import reference_program
-from evotrainer.loop.operator_mix import operator_mix
+from evotrainer.loop.knowledge.operator_mix import operator_mix
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.llm_client import LLMError, OpenAIClient, TokenBudget

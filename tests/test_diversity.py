@@ -8,9 +8,9 @@ import pytest
 from evotrainer.config import parse_config
 from evotrainer.genome.edits import rewrite_hook
 from evotrainer.genome.program import HarnessProgram, reference_program
-from evotrainer.loop.diversity import SEED_CELL, describe
+from evotrainer.loop.stages.diversity import SEED_CELL, describe
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.selection import Candidate, parents, survivors
+from evotrainer.loop.stages.selection import Candidate, parents, survivors
 from evotrainer.loop.versions import new_version
 from evotrainer.operators.library import default_entries
 

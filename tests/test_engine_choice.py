@@ -4,7 +4,7 @@ Runs in every environment; which branch of each test runs depends on whether vll
 import pytest
 
 from evotrainer.config import ConfigError, parse_config
-from evotrainer.loop.validate import validate_resources
+from evotrainer.loop.tools.validate import validate_resources
 from evotrainer.policy.engine_choice import resolve_engine, rollout_batch_size, tiny_overrides
 from evotrainer.policy.vllm_engine import TINY_VLLM_OVERRIDES, vllm_version
 

@@ -94,7 +94,7 @@ def test_the_prior_steers_the_library_draw_toward_what_helped(tmp_path):
 
 
 def test_the_run_config_chooses_the_prior(tmp_path):
-    from evotrainer.loop.operator_mix import operator_mix
+    from evotrainer.loop.knowledge.operator_mix import operator_mix
 
     def library(prior):
         cfg = parse_config(tiny_cfg(tmp_path / "run", operators={"library": 1.0, "llm_choice": 1.0},

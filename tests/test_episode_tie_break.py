@@ -1,4 +1,4 @@
-"""A tie at nothing resolved (fitness/gates.py, loop/selection.py): when neither side of a gate
+"""A tie at nothing resolved (fitness/gates.py, loop/stages/selection.py): when neither side of a gate
 resolves a held-out issue, the paired test reads the share of working calls the environment accepted,
 guarded by progress; selection breaks the same tie the same way. A submit-only episode, a child whose
 progress fell, a branch whose reward rises without progress: none is promoted on its calls."""
@@ -11,9 +11,9 @@ from evotrainer.fitness.cache import write_version
 from evotrainer.fitness.episodes import working_call_rate, working_call_share
 from evotrainer.fitness.gates import GateConfig, gate
 from evotrainer.genome.program import HarnessProgram
-from evotrainer.loop.gating import child_outcome, gate_line
+from evotrainer.loop.stages.gating import child_outcome, gate_line
 from evotrainer.loop.seed import DOMAIN_HARNESSES
-from evotrainer.loop.selection import Candidate, parents, rank_score, survivors
+from evotrainer.loop.stages.selection import Candidate, parents, rank_score, survivors
 from tests.test_swe_interventions import ACCEPTED, EDIT, PROSE, REFUSED, episode
 
 SWE = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
@@ -132,7 +132,7 @@ def test_a_tie_in_calls_too_is_broken_by_the_training_groups_that_had_a_gradient
 
 
 def test_the_final_pick_breaks_a_tie_at_nothing_resolved_by_the_working_calls(tmp_path):
-    from evotrainer.loop.final_pick import final_pick
+    from evotrainer.loop.stages.final_pick import final_pick
     from evotrainer.loop.run_versions import RunVersions
     from evotrainer.records.version import BranchVersion, VersionDir
 

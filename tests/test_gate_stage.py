@@ -1,4 +1,4 @@
-"""The gate stage (``loop/gating.py``) on version directories written by hand: no Experiment, no
+"""The gate stage (``loop/stages/gating.py``) on version directories written by hand: no Experiment, no
 config, no model. Held-out scores are exactly what each test needs; the harness's own validity hook
 still runs in the real sandbox.
 
@@ -14,9 +14,9 @@ import pytest
 
 from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.genome.program import HarnessProgram, reference_program
-from evotrainer.loop.gating import GateInputs, gate_version
+from evotrainer.loop.stages.gating import GateInputs, gate_version
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.loop.skills import SkillLibrary
+from evotrainer.loop.knowledge.skills import SkillLibrary
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.version import BranchVersion
 

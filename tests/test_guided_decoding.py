@@ -330,7 +330,7 @@ def test_the_swe_library_answers_no_progress_with_the_tool_plan():
 
 def test_the_config_check_refuses_guidance_where_it_cannot_run():
     from evotrainer.config import parse_config
-    from evotrainer.loop.validate import config_problems
+    from evotrainer.loop.tools.validate import config_problems
 
     math = parse_config({"model": "tiny-random", "grpo": {"guided_call_share": 0.5}})
     assert any("guided_call_share" in p and "swe" in p for p in config_problems(math, loop=False))

@@ -162,7 +162,7 @@ def test_the_knob_its_config_check_and_its_library_entry():
     from evotrainer.genome.edits import acts_only_in_a_step, factors_changed
     from evotrainer.genome.program import HarnessProgram
     from evotrainer.loop.seed import DOMAIN_HARNESSES
-    from evotrainer.loop.validate import config_problems
+    from evotrainer.loop.tools.validate import config_problems
     from evotrainer.operators import get_operator
     from evotrainer.operators.base import Evidence
     from evotrainer.operators.knobs import inert_knobs, skipped_every_step
@@ -212,7 +212,7 @@ def test_selection_counts_a_group_that_imitated_as_one_with_a_gradient(episodes)
     """train_live_groups (selection's last tie-break) is the share of groups that gave the update a
     gradient: with every reward equal, the groups holding calls to imitate count only at a step that
     imitated them; a reward difference counts either way."""
-    from evotrainer.loop.selection import groups_with_gradient
+    from evotrainer.loop.stages.selection import groups_with_gradient
 
     _, _, rollouts = episodes
     dead = [type(r).from_dict(r.to_dict()) for r in rollouts]

@@ -15,7 +15,7 @@ from evotrainer.config import parse_config
 from evotrainer.domains import get_domain
 from evotrainer.domains.sampling import heldout_draws
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.validate import validate_resources
+from evotrainer.loop.tools.validate import validate_resources
 
 from tests.loop_runs import tiny_cfg
 

@@ -5,7 +5,7 @@ import io
 
 from rich.console import Console
 
-from evotrainer.loop.summary import leaderboard
+from evotrainer.loop.tools.summary import leaderboard
 from evotrainer.records.version import BranchVersion
 
 

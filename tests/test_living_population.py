@@ -8,9 +8,9 @@ import pytest
 from evotrainer.config import parse_config
 from evotrainer.fitness.labels import DiagnosticGap
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.gating import child_outcome, control_of, spend_of, spend_record
-from evotrainer.loop.proposals import evidence_for
-from evotrainer.loop.skills import SkillLibrary
+from evotrainer.loop.stages.gating import child_outcome, control_of, spend_of, spend_record
+from evotrainer.loop.stages.proposals import evidence_for
+from evotrainer.loop.knowledge.skills import SkillLibrary
 from evotrainer.operators.prompts import diff_messages
 from evotrainer.operators.registry import OperatorMix
 from evotrainer.records.rollout import Rollout

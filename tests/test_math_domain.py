@@ -324,7 +324,7 @@ def test_a_users_files_are_read_whole_unless_a_size_is_set_and_a_missing_test_fi
 
     from evotrainer.config import parse_config
     from evotrainer.domains import build_domain
-    from evotrainer.loop.validate import validate_resources
+    from evotrainer.loop.tools.validate import validate_resources
 
     rows = [{"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"} for i in range(340)]
     train, test = _write(tmp_path, "train.jsonl", rows[:300]), _write(tmp_path, "test.jsonl", rows[300:])

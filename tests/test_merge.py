@@ -1,4 +1,4 @@
-"""Merge children (policy/adapter_merge.py, loop/merging.py): two adapters merged with peft's
+"""Merge children (policy/adapter_merge.py, loop/stages/merging.py): two adapters merged with peft's
 add_weighted_adapter on the tiny model, checked tensor by tensor against the combination's formula;
 incompatible adapters refused by name; and a merge child of two survivors in a tiny run, with both
 parents in meta.json and MLflow, trained and gated against its control."""
@@ -15,7 +15,7 @@ from evotrainer.config import parse_config
 from evotrainer.genome.edits import crossover
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.merging import START_ADAPTER, merge_pair, propose_merge, start_adapter
+from evotrainer.loop.stages.merging import START_ADAPTER, merge_pair, propose_merge, start_adapter
 from evotrainer.policy.adapter_merge import AdapterMergeError, lora_tensors, merge_adapters
 from evotrainer.policy.lora import LoraSettings, Policy
 

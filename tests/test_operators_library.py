@@ -14,7 +14,7 @@ from evotrainer.genome import reference_program as reference
 from evotrainer.genome.edits import factors_changed
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HOOK_PARAMS, HarnessProgram
-from evotrainer.loop.skills import Skill
+from evotrainer.loop.knowledge.skills import Skill
 from evotrainer.operators import FITNESS_METRIC, Evidence, OperatorError, available_operators, get_operator
 from evotrainer.operators.library import (
     LibraryOperator,

@@ -1,4 +1,4 @@
-"""Where the propose stage spends (loop/proposals.py): an intervention refuted on fitness is not
+"""Where the propose stage spends (loop/stages/proposals.py): an intervention refuted on fitness is not
 proposed from the same parent harness again, no child is proposed the step budget cannot train,
 promoted factors are put together, and operators are credited for fitness, not for a confirmed
 mechanism."""
@@ -9,7 +9,7 @@ from pathlib import Path
 from evotrainer.config import parse_config
 from evotrainer.genome import reference_program as reference
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.proposals import children_the_budget_allows, compound, promoted_factors, propose_compound, refuted
+from evotrainer.loop.stages.proposals import children_the_budget_allows, compound, promoted_factors, propose_compound, refuted
 from evotrainer.operators import Evidence, get_operator
 from evotrainer.testing.learning_harness import always_learns
 
@@ -89,7 +89,7 @@ def test_promoted_factors_compound(tmp_path):
 
 
 def test_operators_are_credited_for_promotions_only(tmp_path):
-    from evotrainer.loop.operator_mix import operator_mix
+    from evotrainer.loop.knowledge.operator_mix import operator_mix
 
     cfg = parse_config(tiny_cfg(tmp_path / "run", operators={"library": 1.0, "knobs": 1.0}))
     history = [{"operator": "library", "entry": "more_generations", "outcome": "rejected",

@@ -1,4 +1,4 @@
-"""The propose stage (``loop/proposals.py``) on a parent version directory written by hand: no
+"""The propose stage (``loop/stages/proposals.py``) on a parent version directory written by hand: no
 Experiment, no config, no model. The ``library`` operator (no LLM) proposes from the parent's health
 report; the backtest replays the child's reward on the parent's cached rollouts in the real sandbox.
 
@@ -16,7 +16,7 @@ import pytest
 from evotrainer.genome.edits import factors_changed
 from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.loop.budgets import BudgetReached
-from evotrainer.loop.proposals import ProposalInputs, propose_child
+from evotrainer.loop.stages.proposals import ProposalInputs, propose_child
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.operators import Evidence
 from evotrainer.operators.library_entries import ENTRIES
@@ -171,7 +171,7 @@ def test_the_evidence_says_whether_any_step_of_the_lineage_moved_the_adapter(tmp
     above it means its adapter is not the base model's; skipped steps and zero gradients do not."""
     from types import SimpleNamespace
 
-    from evotrainer.loop.proposals import lineage_trained
+    from evotrainer.loop.stages.proposals import lineage_trained
 
     versions = RunVersions(tmp_path / "versions")
     steps = {"v0000": [{"skipped": 1.0, "grad_norm": 0.0}], "v0001": [{"grad_norm": 0.0, "kl": 0.0}],

@@ -113,7 +113,7 @@ def test_a_worker_past_its_time_limit_is_killed_and_the_version_recorded(tmp_pat
 
 
 def test_ray_asked_for_without_ray_names_the_extra(tmp_path, monkeypatch):
-    import evotrainer.loop.validate as validate
+    import evotrainer.loop.tools.validate as validate
 
     monkeypatch.setattr(validate, "ray_installed", lambda: False)   # as on a machine without the extra
     cfg = {**tiny_cfg(tmp_path / "run"), "executor": "ray"}

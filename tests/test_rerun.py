@@ -16,8 +16,8 @@ from evotrainer.cli.app import main
 from evotrainer.config import parse_config
 from evotrainer.genome.program import reference_program
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.rerun import RERUN_FILE, starting_weights
-from evotrainer.loop.version_compare import compare_versions
+from evotrainer.loop.tools.rerun import RERUN_FILE, starting_weights
+from evotrainer.loop.tools.version_compare import compare_versions
 from evotrainer.records.version import VersionDir
 from tests.loop_runs import mlflow_runs, tiny_cfg
 
@@ -166,7 +166,7 @@ def test_compare_versions_holds_discrete_quantities_exact_and_floats_within_tole
 def test_evotrainer_train_trains_a_branch_as_the_loop_trained_its_seed(run, tmp_path):
     """`evotrainer train` runs the loop's own training of a version (BranchTraining): with the run's
     config and as many steps, the branch it writes is the run's seed version v0000 again."""
-    from evotrainer.loop.train_branch import train_branch
+    from evotrainer.loop.compute.train_branch import train_branch
 
     cfg = parse_config(json.loads((run / "config.json").read_text()))
     cfg = cfg.model_copy(update={"run_dir": str(tmp_path / "alone")})
@@ -226,7 +226,7 @@ def test_train_can_start_from_a_saved_adapter(run, tmp_path):
     """`train_branch(init_adapter=...)` trains on from a version's adapter, not from fresh weights (whose
     LoRA B matrices are zero): with no steps the version it writes holds the saved weights exactly, the
     source folder is left as it was, and the version says where it started."""
-    from evotrainer.loop.train_branch import train_branch
+    from evotrainer.loop.compute.train_branch import train_branch
 
     source = run / "versions" / "v0000" / "adapter"
     saved, before = load_file(source / "adapter_model.safetensors"), tree(source, skip=())

@@ -13,7 +13,7 @@ from evotrainer.fitness.gate_config import gate_config
 from evotrainer.loop.experiment import Experiment
 from evotrainer.genome.program import reference_program
 from evotrainer.records.rollout import Rollout
-from evotrainer.loop.revert import apply_revert, plan_reverts, revert_target
+from evotrainer.loop.stages.revert import apply_revert, plan_reverts, revert_target
 
 from tests.loop_runs import tiny_cfg
 
@@ -183,7 +183,7 @@ def test_choosing_on_one_draw_and_testing_on_another_keeps_the_revert_rule_at_it
     import numpy as np
 
     from evotrainer.fitness.gate_config import GateConfig
-    from evotrainer.loop.revert import Side, choose_revert
+    from evotrainer.loop.stages.revert import Side, choose_revert
 
     rng = np.random.default_rng(0)
     cfg, n, k, reps = GateConfig(level=0.9, n_resamples=1000), 24, 10, 200
@@ -213,7 +213,7 @@ def test_a_revert_check_that_cannot_pair_says_so():
     """An ancestor verified on other tasks cannot be compared with: no revert, and the log says why
     (the check used to be skipped without a word)."""
     from evotrainer.fitness.gate_config import GateConfig
-    from evotrainer.loop.revert import Side, choose_revert
+    from evotrainer.loop.stages.revert import Side, choose_revert
 
     def rollouts(prefix):
         return [Rollout(task_id=f"{prefix}{i}", messages=[], completion="", split="heldout", hidden={"correct": True})

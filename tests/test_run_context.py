@@ -5,10 +5,10 @@ import ast
 from pathlib import Path
 
 from evotrainer.config import parse_config
-from evotrainer.loop.branch_worker import BranchWorker
+from evotrainer.loop.compute.branch_worker import BranchWorker
 from evotrainer.loop.context import RunContext
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.training import StandaloneContext
+from evotrainer.loop.stages.training import StandaloneContext
 from evotrainer.records.version import VersionDir
 from tests.loop_runs import tiny_cfg
 

@@ -1,6 +1,6 @@
 """Selection (DEAP): survivors and parents on hand-built candidates, so each rule is seen alone."""
 
-from evotrainer.loop.selection import Candidate, parents, survivors
+from evotrainer.loop.stages.selection import Candidate, parents, survivors
 
 
 def cands():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evotrainer.loop.skills import (
+from evotrainer.loop.knowledge.skills import (
     SkillLibrary,
     SkillLibraryError,
     derive_trigger,

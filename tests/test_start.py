@@ -1,12 +1,12 @@
-"""The start (loop/start.py): a run scores the untrained model before training and at the end, the
+"""The start (loop/stages/start.py): a run scores the untrained model before training and at the end, the
 final pick is never a version ranked below it, and a run whose every lineage stays below it stops."""
 
 import json
 
 from evotrainer.config import parse_config
 from evotrainer.loop.experiment import Experiment
-from evotrainer.loop.start import START, start_dir, verify_start
-from evotrainer.loop.summary import final_line
+from evotrainer.loop.stages.start import START, start_dir, verify_start
+from evotrainer.loop.tools.summary import final_line
 from evotrainer.records.rollout import Rollout
 
 from tests.loop_runs import tiny_cfg as _tiny

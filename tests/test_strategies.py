@@ -16,7 +16,7 @@ import pytest
 
 from evotrainer.cli.app import main
 from evotrainer.config import parse_config
-from evotrainer.loop.skills import SkillLibrary
+from evotrainer.loop.knowledge.skills import SkillLibrary
 from evotrainer.records.run_dir import RunDirError, claim
 from evotrainer.records.run_state import RunState, load_state, save_state
 from evotrainer.records.version import BranchVersion, VersionDir, write_atomic

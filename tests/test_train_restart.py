@@ -90,7 +90,7 @@ def test_a_version_whose_parent_lost_its_adapter_is_refused_with_the_reason(tmp_
     # Another generation from a parent whose adapter folder is gone (a disk error, a hand-deleted folder).
     import shutil
 
-    from evotrainer.loop.training import train_version
+    from evotrainer.loop.stages.training import train_version
     from evotrainer.loop.versions import new_version
 
     exp = Experiment.resume(tmp_path / "run")

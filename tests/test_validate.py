@@ -8,7 +8,7 @@ from evotrainer.genome.contract import check_contract
 from evotrainer.genome.errors import ContractError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
-from evotrainer.loop.validate import validate_resources
+from evotrainer.loop.tools.validate import validate_resources
 from tests.loop_runs import tiny_cfg
 
 
@@ -125,7 +125,7 @@ def test_ray_workers_on_cuda_must_reserve_a_gpu_and_shared_gpus_must_fit_their_v
     """Ray hides the GPUs a worker did not reserve: device cuda with ray.num_gpus_per_branch 0 trained
     on no GPU. Two workers on one GPU each start a vLLM engine at vllm.gpu_memory_utilization. The
     driver's own CUDA is not asked (on a cluster it is often a CPU head node)."""
-    import evotrainer.loop.validate as validate
+    import evotrainer.loop.tools.validate as validate
 
     monkeypatch.setattr(validate, "ray_installed", lambda: True)   # the rule under test, not the install
     with pytest.raises(ConfigError, match="ray.num_gpus_per_branch': 0 with device: cuda"):

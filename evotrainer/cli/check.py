@@ -16,7 +16,7 @@ console = Console(highlight=False)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from evotrainer.loop.validate import config_problems
+    from evotrainer.loop.tools.validate import config_problems
 
     cfg = load_config(args.config)   # a config that does not parse is one refusal, reported as usual
     said: list[str] = []

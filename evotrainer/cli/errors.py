@@ -25,10 +25,10 @@ USER_ERRORS = {
     "evotrainer.genome.errors": ("GenomeError",),
     "evotrainer.domains.math.loaders": ("TaskFormatError",),
     "evotrainer.policy.base_model": ("ModelNotFoundError",),
-    "evotrainer.loop.skills": ("SkillLibraryError",),
+    "evotrainer.loop.knowledge.skills": ("SkillLibraryError",),
     "evotrainer.fitness.labels": ("LabelStoreError",),
     "evotrainer.records.rollout": ("RolloutFileError",),
-    "evotrainer.loop.train_branch": ("InitAdapterError",),
+    "evotrainer.loop.compute.train_branch": ("InitAdapterError",),
 }
 
 

@@ -73,7 +73,7 @@ def _same_config(cfg, source: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from evotrainer.config import load_config
-    from evotrainer.loop.validate import validate_resources
+    from evotrainer.loop.tools.validate import validate_resources
 
     cfg = load_config(args.config)   # a ConfigError is reported by the CLI's error policy (cli/errors.py)
     if args.run_dir:
@@ -120,9 +120,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _decide(args: argparse.Namespace, action: str) -> int:
-    """approve | abort (reject is abort) | revise, through loop/human_gate.py; then what comes next."""
+    """approve | abort (reject is abort) | revise, through loop/human/human_gate.py; then what comes next."""
     exp = _experiment(args.run_dir)
-    from evotrainer.loop import human_gate
+    from evotrainer.loop.human import human_gate
 
     try:
         if not human_gate.pending(exp):   # nothing to decide: the run is left exactly as it is
@@ -151,7 +151,7 @@ def _decide(args: argparse.Namespace, action: str) -> int:
 
 
 def _print_pending(exp) -> None:
-    from evotrainer.loop import human_gate
+    from evotrainer.loop.human import human_gate
 
     waiting = human_gate.pending(exp)
     if waiting:

@@ -35,8 +35,8 @@ def comparison_table(result) -> Table:
 
 def cmd_rerun(args: argparse.Namespace) -> int:
     require(args.run_dir, "run")   # before torch is imported: a wrong directory is said at once
-    from evotrainer.loop.rerun import rerun_version
-    from evotrainer.loop.version_compare import ATOL, RTOL
+    from evotrainer.loop.tools.rerun import rerun_version
+    from evotrainer.loop.tools.version_compare import ATOL, RTOL
 
     result = rerun_version(args.run_dir, args.version, out_dir=args.out, tracking_uri=args.tracking_uri,
                            say=lambda m: console.print(f"[dim]{m}[/dim]"))

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
-from evotrainer.loop.skills import SkillLibrary, user_library_path
+from evotrainer.loop.knowledge.skills import SkillLibrary, user_library_path
 
 console = Console(highlight=False)
 

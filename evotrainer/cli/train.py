@@ -18,7 +18,7 @@ def _fmt(v) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from evotrainer.loop.validate import validate_resources
+    from evotrainer.loop.tools.validate import validate_resources
 
     cfg = load_config(args.config)   # a ConfigError is reported by the CLI's error policy (cli/errors.py)
     if args.steps is not None:
@@ -26,7 +26,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.run_dir:
         cfg.run_dir = args.run_dir
     # The trainer pulls in torch and transformers: imported only when a branch is really trained.
-    from evotrainer.loop.train_branch import check_init_adapter, train_branch
+    from evotrainer.loop.compute.train_branch import check_init_adapter, train_branch
 
     if args.init_adapter:   # a wrong folder is said before the resource checks and any compute
         check_init_adapter(cfg, args.init_adapter)

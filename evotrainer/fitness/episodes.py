@@ -87,7 +87,7 @@ def working_call_share(r: Rollout) -> float:
 
 def working_call_rate(rollouts: list[Rollout]) -> float | None:
     """The mean working-call share of the episodes among ``rollouts``; None when there are none (a
-    single-turn domain): how the loop breaks a tie in held-out accuracy (``loop/selection.py``)."""
+    single-turn domain): how the loop breaks a tie in held-out accuracy (``loop/stages/selection.py``)."""
     eps = [r for r in rollouts if is_episode(r)]
     return mean([working_call_share(r) for r in eps]) if eps else None
 

@@ -3,7 +3,7 @@
 ``Harness(program)`` runs the hooks in a ``Sandbox`` (the default; required for any genome an
 operator wrote). ``sandbox=False`` runs them in-process, after the same contract check, which is only
 for trusted programs: the reference harness (benchmarks, fast tests) or a harness file the user
-wrote and named (``loop/validate.py`` refuses it when operators that write code are configured).
+wrote and named (``loop/tools/validate.py`` refuses it when operators that write code are configured).
 Either way missing hooks fall back to the reference harness and every result is validated. Inputs
 may be engine objects (``Rollout``, ``Task``, ``Group``) or plain dicts; hidden outcomes are
 stripped before a harness sees them.

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from evotrainer.config import Config
     from evotrainer.loop.budgets import Budgets
     from evotrainer.loop.progress import NullProgress
-    from evotrainer.loop.runtime import Runtime
+    from evotrainer.loop.compute.runtime import Runtime
     from evotrainer.records.version import VersionDir
 
 

@@ -24,27 +24,27 @@ from evotrainer.fitness.gate_config import gate_config
 from evotrainer.fitness.labels import LabelStore
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.budgets import BudgetReached, Budgets
-from evotrainer.loop.continuations import continue_survivors
+from evotrainer.loop.stages.continuations import continue_survivors
 from evotrainer.loop.crash import crash_point
-from evotrainer.loop.diversity import version_cell
-from evotrainer.loop.executor import Executor, build_executor
-from evotrainer.loop.exploit import exploration_overruns, exploring_slots, survivors_that_fit
-from evotrainer.loop.final_pick import report_test
-from evotrainer.loop import human_gate
-from evotrainer.loop.gating import GateInputs, gate_version
-from evotrainer.loop.operator_mix import operator_mix
+from evotrainer.loop.stages.diversity import version_cell
+from evotrainer.loop.compute.executor import Executor, build_executor
+from evotrainer.loop.stages.exploit import exploration_overruns, exploring_slots, survivors_that_fit
+from evotrainer.loop.stages.final_pick import report_test
+from evotrainer.loop.human import human_gate
+from evotrainer.loop.stages.gating import GateInputs, gate_version
+from evotrainer.loop.knowledge.operator_mix import operator_mix
 from evotrainer.loop.progress import NullProgress
-from evotrainer.loop.propose_stage import propose_children
-from evotrainer.loop.proposals import ProposalInputs, evidence_for
-from evotrainer.loop.revert import apply_revert, plan_reverts
+from evotrainer.loop.stages.propose_stage import propose_children
+from evotrainer.loop.stages.proposals import ProposalInputs, evidence_for
+from evotrainer.loop.stages.revert import apply_revert, plan_reverts
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.loop.runtime import Runtime
-from evotrainer.loop.selection import Candidate, rank_score, survivors as select_survivors
-from evotrainer.loop.skills import SkillLibrary
-from evotrainer.loop.start import note_selection, verify_start
-from evotrainer.loop.summary import print_summary
+from evotrainer.loop.compute.runtime import Runtime
+from evotrainer.loop.stages.selection import Candidate, rank_score, survivors as select_survivors
+from evotrainer.loop.knowledge.skills import SkillLibrary
+from evotrainer.loop.stages.start import note_selection, verify_start
+from evotrainer.loop.tools.summary import print_summary
 from evotrainer.loop.seed import seed_program
-from evotrainer.loop.validate import validate_resources
+from evotrainer.loop.tools.validate import validate_resources
 from evotrainer.loop.versions import new_version
 from evotrainer.records import run_dir as rundir
 from evotrainer.records.run_state import RunState, load_state, save_state
@@ -223,7 +223,7 @@ class Experiment:
         s.live = []
 
     def narrow_to_exploit(self, g: int, cands: list[Candidate], survivors: list[str]) -> list[str]:
-        """In the exploit phase only the elite lives on (``loop/exploit.py``); entering it is logged.
+        """In the exploit phase only the elite lives on (``loop/stages/exploit.py``); entering it is logged.
         Before it, a generation that would pass the exploration share narrows to the survivors that
         leave room for its children, when any can."""
         s = self.state
@@ -267,12 +267,12 @@ class Experiment:
             return True
 
     def continue_survivors(self, generation: int) -> None:
-        continue_survivors(self, generation)   # the controls of this generation's children (loop/continuations.py)
+        continue_survivors(self, generation)   # the controls of this generation's children (loop/stages/continuations.py)
 
     # ---- helpers the stages use -------------------------------------------------------------
     @functools.cached_property
     def executor(self) -> Executor:
-        """Where train and verify run (``executor: local | ray``, ``loop/executor.py``)."""
+        """Where train and verify run (``executor: local | ray``, ``loop/compute/executor.py``)."""
         return build_executor(self)
 
     def close_executor(self) -> None:
@@ -289,13 +289,13 @@ class Experiment:
         return self.run_versions.of_generation(generation)
 
     def gate_inputs(self) -> GateInputs:
-        """What the gate stage reads and changes of this run (``loop/gating.py``)."""
+        """What the gate stage reads and changes of this run (``loop/stages/gating.py``)."""
         listeners = (self.skills, self.mix) if self.mix_loaded else (self.skills,)   # the mix: when built here
         return GateInputs(self.run_versions, gate_config(self.cfg), self.cfg.evolution.keep_ties, self.cfg.domain.name,
                           self.state.history, listeners, labels=self.labels, timed=self.budgets.timed, say=self.say)
 
     def proposal_inputs(self) -> ProposalInputs:
-        """What the propose stage reads and changes of this run (``loop/proposals.py``)."""
+        """What the propose stage reads and changes of this run (``loop/stages/proposals.py``)."""
         ev = self.cfg.evolution
         return ProposalInputs(self.run_versions, self.state, ev.backtest, tuple(ev.human_gate),
                               functools.partial(new_version, self), lambda: self.mix,

@@ -264,7 +264,7 @@ def _change_text(entry: LibraryEntry) -> str:
 
 
 def seed_skills(entries: Sequence[LibraryEntry] | None = None) -> list[dict[str, Any]]:
-    """The entries as skills (the fields of ``loop/skills.py`` ``Skill``), for seeding a skill library:
+    """The entries as skills (the fields of ``loop/knowledge/skills.py`` ``Skill``), for seeding a skill library:
     literature knowledge, so no evidence yet, not validated, and not tied to a domain. A skill's trigger
     is one set of conditions, so an entry with an ``or_trigger`` becomes two skills (``...-or``), and
     one with more triggers more (``...-or2``, ...)."""

@@ -2,7 +2,7 @@
 
 A trigger is data, never code: a list of ``{"metric", "op", "value"}`` conditions that must all hold
 over ``report_metrics(report)`` (the report's numeric metrics plus ``alert:<name> = 1`` for each alert
-that fired). Library entries (``library_entry.py``) and skills (``loop/skills.py``) read reports the
+that fired). Library entries (``library_entry.py``) and skills (``loop/knowledge/skills.py``) read reports the
 same way through this one module, so an entry and the skill it becomes fire on the same reports.
 """
 

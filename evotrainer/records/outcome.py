@@ -1,6 +1,6 @@
 """What a gate decided about one child, as its listeners are told it.
 
-The gate stage (``loop/gating.py``) judges a child against its control, then tells every listener the
+The gate stage (``loop/stages/gating.py``) judges a child against its control, then tells every listener the
 outcome: the operator mix credits the operator and library entry that proposed it and passes the
 outcome on to that operator (the knobs operator's Optuna study is told the paired delta, as an Optuna
 sampler is told a trial's result), and the skill library turns a promoted child whose hypothesis held

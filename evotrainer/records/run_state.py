@@ -28,19 +28,19 @@ class RunState:
     live: list[str] = field(default_factory=list)          # versions to train this generation
     survivors: list[str] = field(default_factory=list)     # selected at the end of this generation
     selection: dict[str, Any] | None = None  # the select stage's saved plan (survivors, reverts, prune)
-    exploit_from: int | None = None    # the generation whose selection began the exploit phase (loop/exploit.py)
+    exploit_from: int | None = None    # the generation whose selection began the exploit phase (loop/stages/exploit.py)
     next_id: int = 0
     budget_used: dict[str, float] = field(default_factory=lambda: {
         "train_steps": 0, "rollout_tokens": 0, "llm_calls": 0, "llm_tokens": 0, "wall_time_s": 0.0})
-    # The human gate (loop/human_gate.py): version id -> its latest decision (pending | approved | revised |
+    # The human gate (loop/human/human_gate.py): version id -> its latest decision (pending | approved | revised |
     # rejected), and version id -> where that decision is taken ({"point": ..., "generation": ...}; a
     # version in approvals with no entry here waits at "backtest", the pause before training).
     approvals: dict[str, str] = field(default_factory=dict)
     gates: dict[str, dict[str, Any]] = field(default_factory=dict)
     operator_stats: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)  # interventions and their outcomes
-    final: dict[str, Any] | None = None   # the final pick and its test-split score (loop/final_pick.py)
-    start: dict[str, Any] | None = None   # the untrained model's held-out scores (loop/start.py)
+    final: dict[str, Any] | None = None   # the final pick and its test-split score (loop/stages/final_pick.py)
+    start: dict[str, Any] | None = None   # the untrained model's held-out scores (loop/stages/start.py)
     events: list[str] = field(default_factory=list)
 
     def new_id(self) -> str:

@@ -34,7 +34,7 @@ from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.records.rollout import group_rollouts
 from evotrainer.genome.edits import rewrite_hook
-from evotrainer.loop.train_branch import train_branch
+from evotrainer.loop.compute.train_branch import train_branch
 from evotrainer.policy.base_model import load_tokenizer
 
 FIXTURES = Path(__file__).with_name("fixtures")

@@ -204,7 +204,7 @@ class LineageTracker:
         """Tags the final pick's run (its ``test_accuracy`` is one of its metrics) and the experiment
         (``evotrainer.final_pick``, ``evotrainer.final_test_accuracy``), so the UI shows which version a
         run ended with and its test-split score."""
-        if (self.run_dir / "versions" / version_id).is_dir():   # not the untrained model (loop/start.py)
+        if (self.run_dir / "versions" / version_id).is_dir():   # not the untrained model (loop/stages/start.py)
             run_id = self.run_id(version_id) or self.record(self.run_dir / "versions" / version_id)
             self._set_tags(run_id, {TAG + "final_pick": "true"})
         for key, value in (("final_pick", version_id), ("final_test_accuracy", f"{final['test_accuracy']:.4f}"),

@@ -15,9 +15,9 @@ every child version (``versions/<vid>/meta.json``) is counted as
 * **children**: it passed the backtest and became a child version that trained;
 * **promoted**: a gate promoted that child (its decision says so even after selection pruned it);
 * **confirmed**: the child is evidence of a *validated* skill in the run's ``skills.json``
-  (``loop/skills.py``: a promoted child whose hypothesis held, confirmed ``validate_after`` times);
+  (``loop/knowledge/skills.py``: a promoted child whose hypothesis held, confirmed ``validate_after`` times);
 * **retained**: the child is on the final pick's lineage (``state.final``, its first parents back to the
-  seed, as ``loop/final_pick.py`` picked it) and no later version on that lineage changed the same
+  seed, as ``loop/stages/final_pick.py`` picked it) and no later version on that lineage changed the same
   factor again: the change is in the harness the run reports.
 
 A run without a final pick (still running, stopped before its finish) retains nothing and says so;
@@ -42,7 +42,7 @@ from evotrainer.records.run_state import load_state
 from evotrainer.records.version import BranchVersion, read_json
 from evotrainer.tracking.plots import CMAP, save_png
 
-START = "start"   # state.final's version when the untrained model is the pick (loop/start.py)
+START = "start"   # state.final's version when the untrained model is the pick (loop/stages/start.py)
 NOT_INTERVENTIONS = {"reverted", "operator_rejected"}   # history records that name no proposed change
 GROUPINGS = ("intervention", "factor")
 

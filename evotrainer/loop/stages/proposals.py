@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Callable
 from evotrainer.fitness.backtest import BacktestResult, backtest
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
-from evotrainer.loop.selection import rank_score
-from evotrainer.loop.decision_request import notes_for
-from evotrainer.loop.exploit import exploring_slots
+from evotrainer.loop.stages.selection import rank_score
+from evotrainer.loop.human.decision_request import notes_for
+from evotrainer.loop.stages.exploit import exploring_slots
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.operators import Evidence, OperatorError
 from evotrainer.operators.intervention import Intervention
@@ -62,7 +62,7 @@ def evidence_for(exp: Experiment, vid: str) -> Evidence:
     and the diagnostic gaps (invalid branches no validity check flagged)."""
     vd = exp.vdir(vid)
     report = json.loads((vd.path / "health.json").read_text()) if (vd.path / "health.json").is_file() else {}
-    notes = notes_for(exp, vid)   # a person's hints at the diagnosis gate (loop/human_gate.py), alerts first
+    notes = notes_for(exp, vid)   # a person's hints at the diagnosis gate (loop/human/human_gate.py), alerts first
     if notes:
         report = {**report, "alerts": [{"name": "person's note", "severity": "critical", "source": "human",
                                         "message": n, "suggestion": n} for n in notes] + list(report.get("alerts") or [])}
@@ -212,7 +212,7 @@ def admit(run: ProposalInputs, iv: Intervention, pid: str, extra_parents: list[s
           cases: list) -> str | None:
     """Backtests an intervention on ``pid``'s cached rollouts and, if it passes, makes it a pending
     child; the history records either outcome. Under a human gate at design the child waits before its
-    backtest (which runs once a person approves, ``loop/human_gate.py``), at backtest after it."""
+    backtest (which runs once a person approves, ``loop/human/human_gate.py``), at backtest after it."""
     state = run.state
     record.update(operator=iv.operator, factor=iv.factor, hypothesis=iv.hypothesis,
                   expected=iv.expected_effect.to_dict() if iv.expected_effect else None,

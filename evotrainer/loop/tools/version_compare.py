@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from evotrainer.loop.training import OPTIMIZER_FILE
+from evotrainer.loop.stages.training import OPTIMIZER_FILE
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.scores import correct
 from evotrainer.records.version import VersionDir

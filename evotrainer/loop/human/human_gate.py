@@ -9,7 +9,7 @@ Four points, in the order a generation reaches them:
     completion  after the gate judged a trained child, before its outcome counts for selection
 
 At a point the run saves its state, sets status ``paused`` and writes what awaits a decision to
-``RUN_DIR/awaiting_decision.md`` (``evotrainer status`` shows the same; ``loop/decision_request.py``).
+``RUN_DIR/awaiting_decision.md`` (``evotrainer status`` shows the same; ``loop/human/decision_request.py``).
 Open decisions are ``state.approvals`` entries ``pending``; ``state.gates`` says at which point and
 generation. Each
 decision is appended to the version's ``meta.decision["human"]`` (MLflow receives it with meta.json on
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from evotrainer.config import HUMAN_GATE_POINTS
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
-from evotrainer.loop.decision_request import REQUEST_FILE, Pending, request_text
-from evotrainer.loop.proposals import backtest_child
+from evotrainer.loop.human.decision_request import REQUEST_FILE, Pending, request_text
+from evotrainer.loop.stages.proposals import backtest_child
 from evotrainer.operators import Evidence, OperatorError
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.intervention import Intervention

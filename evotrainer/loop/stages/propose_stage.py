@@ -1,8 +1,8 @@
 """The propose stage of a generation: how many children the budget allows, then who makes them.
 
 A compound child first (two survivors' promoted factors put together), then a merge child when
-``evolution.merge`` asks for one (``loop/merging.py``), then one child per parent that selection
-draws, each proposed, backtested and admitted by ``loop/proposals.py``. Kept apart from that module
+``evolution.merge`` asks for one (``loop/stages/merging.py``), then one child per parent that selection
+draws, each proposed, backtested and admitted by ``loop/stages/proposals.py``. Kept apart from that module
 so that the merge, which builds on its ``admit``, is imported by neither in a circle.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from evotrainer.loop.merging import propose_merge_child
-from evotrainer.loop.proposals import children_the_budget_allows, compound, propose_child, propose_compound
-from evotrainer.loop.selection import parents as select_parents
+from evotrainer.loop.stages.merging import propose_merge_child
+from evotrainer.loop.stages.proposals import children_the_budget_allows, compound, propose_child, propose_compound
+from evotrainer.loop.stages.selection import parents as select_parents
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment

@@ -32,8 +32,8 @@ from evotrainer.config import MergeConfig
 from evotrainer.genome.edits import crossover, factors_changed
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
-from evotrainer.loop import proposals   # (a module, not its names: proposals may call into this one)
-from evotrainer.loop.selection import rank_score
+from evotrainer.loop.stages import proposals   # (a module, not its names: proposals may call into this one)
+from evotrainer.loop.stages.selection import rank_score
 from evotrainer.operators import OperatorError
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention

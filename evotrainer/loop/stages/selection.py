@@ -4,7 +4,7 @@ Objectives: maximise held-out score, minimise cost (generated tokens per trainin
 is a constraint, not an objective: an invalid version is never selected, whatever its score.
 NSGA-II (the default) keeps the Pareto front first; tournament selection is an option. Elitism
 always keeps the best valid versions by score. With ``min_cells`` > 1 the choice then covers that
-many harness-descriptor cells where the candidates hold them (``loop/diversity.py``): the best of an
+many harness-descriptor cells where the candidates hold them (``loop/stages/diversity.py``): the best of an
 uncovered cell replaces the lowest-scoring pick of a cell another pick still holds, and ``say`` is
 told each replacement.
 """
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from deap import base, tools
 
-from evotrainer.loop.diversity import diversify
+from evotrainer.loop.stages.diversity import diversify
 from evotrainer.policy.imitation import imitation_mask
 from evotrainer.records.numeric import is_dead, mean
 from evotrainer.records.rollout import Rollout, group_rollouts
@@ -67,7 +67,7 @@ class Candidate:
     score: float
     cost: float
     valid: bool = True
-    cell: str | None = None    # its harness descriptor's cell (loop/diversity.py); None: not described
+    cell: str | None = None    # its harness descriptor's cell (loop/stages/diversity.py); None: not described
 
     def __post_init__(self) -> None:
         self.fitness = _Fitness((self.score, self.cost))

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evotrainer.config import Config, ConfigError
-from evotrainer.loop.branch_worker import BranchWorker
+from evotrainer.loop.compute.branch_worker import BranchWorker
 from evotrainer.loop.crash import crash_point
 from evotrainer.records.version import Status
 

@@ -1,4 +1,4 @@
-"""What a person reads at a human gate (``loop/human_gate.py``): for each decision that is open, the
+"""What a person reads at a human gate (``loop/human/human_gate.py``): for each decision that is open, the
 material of its point and the commands that take it, as markdown for ``RUN_DIR/awaiting_decision.md``
 and ``evotrainer status``."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evotrainer.config import HUMAN_GATE_POINTS
-from evotrainer.loop.gating import gate_line
+from evotrainer.loop.stages.gating import gate_line
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment

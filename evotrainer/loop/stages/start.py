@@ -23,7 +23,7 @@ from evotrainer.fitness.gate_config import gate_config
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.sandbox import SandboxError
-from evotrainer.loop.revert import Side, choose_revert
+from evotrainer.loop.stages.revert import Side, choose_revert
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.scores import heldout_accuracy
 from evotrainer.records.version import VersionDir

@@ -5,7 +5,7 @@
 seeds, and the adapter it started from), trains it the same ``evolution.steps_per_generation``
 steps through the loop's own stages (``training.train_versions``, ``training.verify_versions``) in a
 new directory, and compares the new record with the recorded one, quantity by quantity
-(``loop/version_compare.py``).
+(``loop/tools/version_compare.py``).
 
 The run is read-only input: the rerun writes only into its own directory (by default
 ``RUN_DIR/reruns/<vid>-<n>``, a new ``n`` each time) and its own MLflow store there.
@@ -35,8 +35,8 @@ from typing import Any, Callable
 import torch
 
 from evotrainer.config import parse_config
-from evotrainer.loop.training import StandaloneContext, train_versions, verify_versions
-from evotrainer.loop.version_compare import ATOL, RTOL, Comparison, compare_versions
+from evotrainer.loop.stages.training import StandaloneContext, train_versions, verify_versions
+from evotrainer.loop.tools.version_compare import ATOL, RTOL, Comparison, compare_versions
 from evotrainer.records import run_dir as rundir
 from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.version import BranchVersion, Status, VersionDir, read_json, write_atomic

@@ -5,7 +5,7 @@ draw, so both draws carry the loop's choices (a best-of-many score is biased upw
 generation the best survivor by selection score is verified once on the ``test`` split, which no
 gate, selection, revert or operator ever read; that is the score a run reports for what it found.
 A survivor the selection draw ranks below the untrained model is never the pick: the start is
-(``loop/start.py``), and the untrained model's test score is reported beside the pick's either way.
+(``loop/stages/start.py``), and the untrained model's test score is reported beside the pick's either way.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.loop.selection import rank_score
-from evotrainer.loop.start import START, scored_start, start_test
+from evotrainer.loop.stages.selection import rank_score
+from evotrainer.loop.stages.start import START, scored_start, start_test
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.scores import heldout_accuracy
@@ -27,7 +27,7 @@ from evotrainer.records.version import VersionDir
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
-    from evotrainer.loop.runtime import Runtime
+    from evotrainer.loop.compute.runtime import Runtime
 
 TEST = "test"   # the version's rollout file of its test-split verification
 

@@ -25,11 +25,11 @@ from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.budgets import Budgets
 from evotrainer.loop.crash import crash_point
-from evotrainer.loop.merging import start_adapter
+from evotrainer.loop.stages.merging import start_adapter
 from evotrainer.loop.progress import NullProgress
-from evotrainer.loop.runtime import Runtime
-from evotrainer.loop.selection import groups_with_gradient
-from evotrainer.loop.start import START
+from evotrainer.loop.compute.runtime import Runtime
+from evotrainer.loop.stages.selection import groups_with_gradient
+from evotrainer.loop.stages.start import START
 from evotrainer.policy.collect import CollectJob, collect_many, default_prompt, prompt_fn, shares_batches, verify_many
 from evotrainer.policy.curriculum import choose_tasks, task_stats
 from evotrainer.policy.episodes import sampled_token_budget
@@ -55,8 +55,8 @@ class BranchTraining:
     to sample at step i (its tasks, asked as the harness asks), ``bt.learn(i, tasks, sampled)`` runs
     the step on those rollouts (``bt.step(i)`` does both for a version that trains alone) and
     ``bt.finish()`` saves the adapter. ``exp`` is the run's :class:`~evotrainer.loop.context.RunContext`:
-    the experiment, or outside a loop run a :class:`StandaloneContext` (``loop/train_branch.py``,
-    ``loop/rerun.py``) or a worker process's ``BranchWorker``.
+    the experiment, or outside a loop run a :class:`StandaloneContext` (``loop/compute/train_branch.py``,
+    ``loop/tools/rerun.py``) or a worker process's ``BranchWorker``.
     A harness that fails at run time raises :data:`HARNESS_FAILURES`; ``bt.reject(e)`` records it.
     """
 
@@ -115,7 +115,7 @@ class BranchTraining:
         self.exp.runtime.unload_adapter(self.vid)
         shutil.rmtree(self.vd.adapter_dir, ignore_errors=True)
         if self.meta.parents:
-            # a merge child starts from its parents' merged adapter (loop/merging.py), any other from its first parent's
+            # a merge child starts from its parents' merged adapter (loop/stages/merging.py), any other from its first parent's
             src = start_adapter(self.exp, self.meta) or self.exp.vdir(self.meta.parents[0]).adapter_dir
             if not (src / "adapter_config.json").is_file():
                 raise RunDirError(f"{self.vid}'s parent {self.meta.parents[0]} holds no adapter ({src}): its weights "
@@ -340,7 +340,7 @@ def _record_verification(exp: RunContext, vid: str, heldout: list, verify_second
         verify_seconds=verify_seconds,
     )
     working = working_call_rate(selection)
-    if working is not None:   # episodes: what breaks a tie in selection_accuracy (loop/selection.py)
+    if working is not None:   # episodes: what breaks a tie in selection_accuracy (loop/stages/selection.py)
         meta.metrics["selection_working_calls"] = working
         live = groups_with_gradient(train, vd.steps())
         if live is not None:  # and then a tie in both: the share of its groups that had a gradient

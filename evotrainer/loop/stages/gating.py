@@ -82,7 +82,7 @@ def gate_version(run: GateInputs, vid: str, finish: bool = True) -> None:
     with run.timed("gate"):
         decision = gate(vd.path, control_dir.path if control_dir else None, run.config, labels=run.labels,
                         report=report)
-    human = (meta.decision or {}).get("human")   # a person's earlier decisions on it (loop/human_gate.py)
+    human = (meta.decision or {}).get("human")   # a person's earlier decisions on it (loop/human/human_gate.py)
     meta.decision = decision.to_dict() | ({"human": human} if human else {})
     meta.violations = [{"name": "gate", "message": r} for r in decision.reasons
                        if r.startswith(("engine check", "harness validity"))]

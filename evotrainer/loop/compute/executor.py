@@ -8,7 +8,7 @@ run state saved after every version. An executor only decides where ``train_vers
   versions in lock step, their rollouts in one batch per step (every engine serves several adapters
   in one call: vLLM multi-LoRA, the transformers engine's KV decoder per-row adapters; an episodic
   domain's versions train one after another), then the verify stage verifies them in one batch;
-- ``ray`` (``loop/ray_executor.py``): each live version's train and verify as one Ray actor call on
+- ``ray`` (``loop/compute/ray_executor.py``): each live version's train and verify as one Ray actor call on
   a worker that holds its own ``Runtime`` (base model loaded once per actor), writing into the same
   run directory; the driver merges each worker's spend and messages into the run state.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from evotrainer.loop.training import train_version, train_versions, verify_versions
+from evotrainer.loop.stages.training import train_version, train_versions, verify_versions
 from evotrainer.policy.collect import shares_batches
 from evotrainer.records.version import Status
 
@@ -88,7 +88,7 @@ class LocalExecutor:
 
 def build_executor(exp: Experiment) -> Executor:
     if exp.cfg.executor == "ray":
-        from evotrainer.loop.ray_executor import RayExecutor   # ray is imported only when asked for
+        from evotrainer.loop.compute.ray_executor import RayExecutor   # ray is imported only when asked for
 
         return RayExecutor(exp.cfg, exp.run_dir)
     return LocalExecutor()

@@ -1,6 +1,6 @@
 """Continuations: at the propose stage each survivor goes on under its own harness, before any child
 is proposed. A continuation is the control its parent's children are paired against at the gate
-(``loop/gating.py``), and it trains whether or not a child is proposed beside it."""
+(``loop/stages/gating.py``), and it trains whether or not a child is proposed beside it."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ from evotrainer.config import Config
 from evotrainer.loop.budgets import Budgets
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.progress import NullProgress
-from evotrainer.loop.runtime import Runtime
-from evotrainer.loop.training import train_version, verify_version
+from evotrainer.loop.compute.runtime import Runtime
+from evotrainer.loop.stages.training import train_version, verify_version
 from evotrainer.records.run_state import RunState
 from evotrainer.records.version import VersionDir
 

@@ -1,7 +1,7 @@
 """Training one branch under a harness, outside the loop: what ``evotrainer train`` runs.
 
-The steps are the loop's own (:class:`~evotrainer.loop.training.BranchTraining`, on a
-:class:`~evotrainer.loop.training.StandaloneContext`): the branch is a seed version, ``v0``, trained
+The steps are the loop's own (:class:`~evotrainer.loop.stages.training.BranchTraining`, on a
+:class:`~evotrainer.loop.stages.training.StandaloneContext`): the branch is a seed version, ``v0``, trained
 ``train.steps`` steps from a fresh adapter, or from a saved one (``init_adapter``: a version's
 ``adapter/`` folder, to train it further under another harness). Held-out accuracy is measured by the engine before and
 after, with data the harness never sees.
@@ -23,8 +23,8 @@ from typing import Any, Callable
 from evotrainer.config import Config
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.seed import seed_program
-from evotrainer.loop.training import BranchTraining, StandaloneContext
-from evotrainer.loop.validate import validate_resources
+from evotrainer.loop.stages.training import BranchTraining, StandaloneContext
+from evotrainer.loop.tools.validate import validate_resources
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records import run_dir as rundir
 from evotrainer.records.numeric import mean
