@@ -204,14 +204,14 @@ def test_completion_pauses_after_the_gate_and_a_person_can_hold_a_verdict_back(t
     path.write_text(yaml.safe_dump(cfg))
     assert main(["run", str(path)]) == 0
     ids, state = waiting(run_dir)
-    assert state.status == "paused" and state.stage == "gate" and state.generation == 1 and len(ids) == 3
+    assert state.status == "paused" and state.stage == "select" and state.generation == 1 and len(ids) == 3
     assert all(state.gates[c]["point"] == "completion" for c in ids)
     assert not any(h.get("child") in ids and h["outcome"] != "accepted" for h in state.history)   # not counted yet
     out = status_text(run_dir, capsys)
     assert "completion" in out and "the gate's outcome" in out and "hypothesis verdict" in out
     statuses = {c: vdir(run_dir, c).meta().status for c in ids}
     assert main(["resume", str(run_dir)]) == 0   # still waiting: nothing selected, nothing counted
-    assert load_state(run_dir).stage == "gate" and load_state(run_dir).status == "paused"
+    assert load_state(run_dir).stage == "select" and load_state(run_dir).status == "paused"
     kept = [c for c in ids if statuses[c] in ("kept", "promoted")]
     assert kept, statuses
     rejected = [c for c in ids if statuses[c] == "rejected"]
@@ -236,3 +236,27 @@ def test_completion_pauses_after_the_gate_and_a_person_can_hold_a_verdict_back(t
     outcome = {h["child"]: h["outcome"] for h in state.history if h.get("child") in ids}
     assert outcome[a] == "rejected" and outcome[others[1]] == metas[others[1]].status   # counted after the decision
     trained_once(run_dir, metas)
+
+
+def test_a_run_from_before_the_four_points_is_migrated_once_on_load(tmp_path, capsys):
+    """An older CLI kept no point per decision (backtest was the only one) and left a child it approved
+    awaiting approval. Loading the run migrates it once: the decision is at backtest, the approved child
+    is pending and trains on resume; a reader (status) migrates in memory only."""
+    run_dir = start(tmp_path, human_gate=True, generations=2, operators={"knobs": 1.0})
+    ids, state = waiting(run_dir)
+    assert len(ids) >= 2 and all(state.gates[c]["point"] == "backtest" for c in ids)   # 2 children by default
+    raw = json.loads((run_dir / "state.json").read_text())
+    old = ids[0]
+    raw["gates"], raw["approvals"][old] = {}, "approved"     # as the older CLI wrote it
+    raw["status"] = "paused"                                      # the others still await a decision
+    (run_dir / "state.json").write_text(json.dumps(raw))
+    assert vdir(run_dir, old).meta().status == "awaiting_approval"
+    status_text(run_dir, capsys)                                   # a reader: nothing written
+    assert json.loads((run_dir / "state.json").read_text())["gates"] == {}
+    assert main(["approve", str(run_dir)] + ids[1:]) == 0          # opens the run for writing: migrated, saved
+    migrated = load_state(run_dir)
+    assert {c: migrated.gates[c]["point"] for c in ids} == dict.fromkeys(ids, "backtest")
+    assert vdir(run_dir, old).meta().status == "pending"
+    assert main(["resume", str(run_dir)]) == 0
+    state, metas = check_invariants(run_dir)
+    assert state.status == "finished" and metas[old].metrics.get("heldout_accuracy") is not None   # it trained

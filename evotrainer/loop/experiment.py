@@ -47,7 +47,7 @@ from evotrainer.loop.seed import seed_program
 from evotrainer.loop.tools.validate import validate_resources
 from evotrainer.loop.versions import new_version
 from evotrainer.records import run_dir as rundir
-from evotrainer.records.run_state import RunState, load_state, save_state
+from evotrainer.records.run_state import STAGES, RunState, load_state, save_state
 from evotrainer.records.version import SETTLED, Status, VersionDir, read_json, write_atomic
 from evotrainer.tracking.lineage import LineageTracker
 
@@ -68,6 +68,7 @@ class Experiment:
         if readonly:   # status and other readers: nothing is written, no lock is taken
             rundir.require(self.run_dir, "run")
             self.state = load_state(self.run_dir)
+            human_gate.migrate(self.state, self.run_versions)   # in memory only: a reader writes nothing
         else:
             self.state = self._open_for_writing()
         self._clock = time.monotonic()
@@ -82,7 +83,10 @@ class Experiment:
         rundir.claim(self.run_dir, "run")
         self._lock = rundir.acquire(self.run_dir, "evotrainer run")
         if (self.run_dir / "state.json").is_file():
-            return load_state(self.run_dir)
+            state = load_state(self.run_dir)
+            if human_gate.migrate(state, self.run_versions):   # a run from before the four points, once
+                save_state(self.run_dir, state)
+            return state
         if self.versions():   # a restart would overwrite v0000 and duplicate its MLflow runs
             raise rundir.RunDirError(
                 f"{self.run_dir / 'state.json'} is missing but the run holds versions "
@@ -146,44 +150,44 @@ class Experiment:
         return s
 
     def run_generation(self) -> None:
+        """The five stages from where the state stands, each saved when done. Between two stages the
+        human gate's checkpoint (``loop/human/human_gate.py``) may pause the run until a person decides:
+        the stages themselves know nothing of people."""
         s, g = self.state, self.state.generation
-        if s.stage == "train":
-            if human_gate.hold_children(self):   # children awaiting a decision at design or backtest
-                return
-            self.progress.stage(f"gen {g}/{self.cfg.evolution.generations - 1} train", len(s.live))
-            self.executor.train(self, list(s.live))
-            self.advance("verify")
-        if s.stage == "verify":
-            self.progress.stage(f"gen {g} verify", len(s.live))
-            self.executor.verify(self, list(s.live))
-            self.advance("gate")
-        if s.stage == "gate":
-            self.progress.stage(f"gen {g} gate", len(s.live))
-            for vid in s.live:
-                hold = human_gate.holds_completion(self, vid)
-                gate_version(self.gate_inputs(), vid, finish=not hold)
-                if hold:
-                    human_gate.open_decision(self, vid, "completion", g)
-                self.record(vid)
-                self.save()
-                self.progress.advance()
-            if human_gate.pause(self):   # the gate's verdicts on children await a person (completion)
-                return
-            self.advance("select")
-        if s.stage == "select":
-            self.select_stage(g)
-            self.advance("propose")
-        if s.stage == "propose":
-            if s.stop_reason:  # a budget ran out during this generation: it was finished, now stop
+        for stage in STAGES[STAGES.index(s.stage):]:
+            if stage == "propose" and s.stop_reason:   # a budget ran out during this generation: now stop
                 raise BudgetReached(s.stop_reason)
-            if human_gate.pause_at_diagnosis(self, g):   # the survivors' health reports await a person
+            if human_gate.checkpoint(self, stage, g):
                 return
-            if g + 1 < self.cfg.evolution.generations:
-                self.continue_survivors(g + 1)
-                if s.exploit_from is None:
-                    propose_children(self, human_gate.parents_for_children(self, g), g + 1)
-            s.generation, s.stage = g + 1, "train"
-            self.save()   # children awaiting a decision (design, backtest) pause the train stage
+            getattr(self, f"{stage}_stage")(g)
+            if stage != "propose":
+                self.advance(STAGES[STAGES.index(stage) + 1])
+        s.generation, s.stage = g + 1, "train"
+        self.save()   # children awaiting a decision (design, backtest) pause before the next train stage
+
+    def train_stage(self, g: int) -> None:
+        self.progress.stage(f"gen {g}/{self.cfg.evolution.generations - 1} train", len(self.state.live))
+        self.executor.train(self, list(self.state.live))
+
+    def verify_stage(self, g: int) -> None:
+        self.progress.stage(f"gen {g} verify", len(self.state.live))
+        self.executor.verify(self, list(self.state.live))
+
+    def gate_stage(self, g: int) -> None:
+        """Each live version judged; with the completion point on, a child's effects (history, skills,
+        operator credit) wait for the checkpoint before selection."""
+        self.progress.stage(f"gen {g} gate", len(self.state.live))
+        for vid in self.state.live:
+            gate_version(self.gate_inputs(), vid, finish=not human_gate.defers(self, vid))
+            self.record(vid)
+            self.save()
+            self.progress.advance()
+
+    def propose_stage(self, g: int) -> None:
+        if g + 1 < self.cfg.evolution.generations:
+            self.continue_survivors(g + 1)
+            if self.state.exploit_from is None:
+                propose_children(self, human_gate.parents_for_children(self, g), g + 1)
 
     def select_stage(self, g: int) -> None:
         """Selection and reverts are planned first and saved with the state (survivors, the reverts'

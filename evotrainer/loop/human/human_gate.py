@@ -31,11 +31,14 @@ from evotrainer.config import HUMAN_GATE_POINTS
 from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.human.decision_request import REQUEST_FILE, Pending, request_text
+from evotrainer.loop.run_versions import RunVersions
+from evotrainer.loop.stages.gating import gate_version
 from evotrainer.loop.stages.proposals import backtest_child
 from evotrainer.operators import Evidence, OperatorError
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.intervention import Intervention
 from evotrainer.records.run_dir import RunDirError
+from evotrainer.records.run_state import RunState
 from evotrainer.records.version import Status, write_atomic
 
 if TYPE_CHECKING:
@@ -54,8 +57,25 @@ def enabled(exp: Experiment, point: str) -> bool:
 
 
 def point_of(exp: Experiment, vid: str) -> str:
-    """The point ``vid``'s decision is taken at (a run from before the four points waits at backtest)."""
-    return (exp.state.gates.get(vid) or {}).get("point", "backtest")
+    """The point ``vid``'s decision is taken at."""
+    return exp.state.gates[vid]["point"]
+
+
+def migrate(state: RunState, versions: RunVersions) -> bool:
+    """A run from before the four points, brought up to date once, when it is loaded: each decision
+    without a point was taken at backtest (the only point then), and a child approved there by that
+    older CLI, which left its status awaiting, trains. True when anything changed (the caller saves)."""
+    changed = False
+    for vid, verdict in state.approvals.items():
+        if vid in state.gates or not versions.vdir(vid).path.is_dir():
+            continue
+        meta = versions.vdir(vid).meta()
+        state.gates[vid] = {"point": "backtest", "generation": meta.generation}
+        if verdict == "approved" and meta.status == Status.AWAITING_APPROVAL:
+            meta.status = Status.PENDING
+            versions.vdir(vid).save_meta(meta)
+        changed = True
+    return changed
 
 
 def pending(exp: Experiment) -> list[Pending]:
@@ -94,7 +114,44 @@ def pause_line(exp: Experiment, waiting: list[Pending]) -> str:
             f"abort {exp.run_dir} ...` and `evotrainer resume {exp.run_dir}`")
 
 
-# ---- the four points in the loop -----------------------------------------------------------------
+# ---- the checkpoint between stages ---------------------------------------------------------------
+def checkpoint(exp: Experiment, stage: str, generation: int) -> bool:
+    """Before ``stage`` of ``generation``: what people decided there is applied, and True (the run
+    paused, its state saved) while a decision is still awaited. Design and backtest wait before train,
+    completion before select, diagnosis before propose."""
+    if stage == "train":
+        return hold_children(exp)
+    if stage == "select":
+        return hold_completion(exp, generation)
+    if stage == "propose":
+        return pause_at_diagnosis(exp, generation)
+    return False
+
+
+def defers(exp: Experiment, vid: str) -> bool:
+    """Whether the gate stage leaves child ``vid``'s effects (history, skills, operator credit) to the
+    completion checkpoint: the completion point is on and no person has decided on it yet."""
+    return enabled(exp, "completion") and exp.vdir(vid).meta().operator is not None and not decided(
+        exp, vid, "completion", exp.vdir(vid).meta().generation)
+
+
+def hold_completion(exp: Experiment, generation: int) -> bool:
+    """After the gate: each gated child whose verdict awaits a person gets an open decision; one a
+    person decided is finished now (its outcome told to the history and the listeners, idempotently)."""
+    if not enabled(exp, "completion"):
+        return False
+    for vid in exp.state.live:
+        if exp.vdir(vid).meta().operator is None:
+            continue
+        if decided(exp, vid, "completion", generation):
+            gate_version(exp.gate_inputs(), vid, finish=True)
+            exp.record(vid)
+        elif exp.state.approvals.get(vid) != "pending" and holds_completion(exp, vid):
+            open_decision(exp, vid, "completion", generation)
+    return pause(exp)
+
+
+# ---- the four points ---------------------------------------------------------------------------
 def pause_at_diagnosis(exp: Experiment, generation: int) -> bool:
     """Before proposing the children of ``generation + 1``: True (paused) while the survivors' health
     reports await a decision; False once decided, or when no child is to be proposed."""
@@ -124,12 +181,8 @@ def hold_children(exp: Experiment) -> bool:
     s = exp.state
     for vid in list(s.live):
         meta = exp.vdir(vid).meta()
-        if meta.status != Status.AWAITING_APPROVAL or s.approvals.get(vid) == "pending":
-            continue
-        if point_of(exp, vid) == "design":
+        if meta.status == Status.AWAITING_APPROVAL and s.approvals.get(vid) != "pending" and point_of(exp, vid) == "design":
             _backtest_designed(exp, vid)
-        else:   # approved at backtest by an older CLI, which left the status: it trains
-            _set_status(exp, vid, Status.PENDING)
     return pause(exp)
 
 
