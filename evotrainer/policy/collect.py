@@ -3,7 +3,9 @@
 The verdict of the domain's verifier goes to ``visible`` for train tasks (training may see it) and
 to ``hidden`` for held-out and test tasks: a harness never sees held-out verification. An episodic
 domain (one with a tool environment: SWE) gets multi-turn episodes (``policy/episodes.py``) through
-the same two calls, graded on the patch each episode submitted.
+the same two calls, graded on the patch each episode submitted; several versions' episodes go in
+lockstep on an engine with ``generate_ids_many`` (docs/concepts/limits.md says how far their tokens
+equal each version's alone).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 
 from evotrainer.domains.base import Domain
 from evotrainer.domains.task import Task
-from evotrainer.policy.episodes import episode_rollouts, is_episodic
+from evotrainer.policy.episodes import episode_rollouts, episode_rollouts_many, is_episodic
 from evotrainer.policy.rollout_engine import Completion, RolloutEngine, SamplingParams
 from evotrainer.records.rollout import Rollout
 
@@ -108,9 +110,29 @@ class CollectJob(NamedTuple):
 
 
 def shares_batches(engine: RolloutEngine, domain: Domain, versions: int) -> bool:
-    """Whether :func:`verify_many` and :func:`collect_many` put ``versions`` versions' prompts in one
-    engine call."""
-    return versions > 1 and hasattr(engine, "generate_many") and not is_episodic(domain)
+    """Whether :func:`verify_many` and :func:`collect_many` put ``versions`` versions' prompts (an
+    episodic domain: each turn of their episodes) in one engine call."""
+    return versions > 1 and hasattr(engine, "generate_ids_many" if is_episodic(domain) else "generate_many")
+
+
+def _asked_once(prompt: PromptFn) -> PromptFn:
+    """``prompt``, asked once per task whatever the seeds (a harness's hook runs in its sandbox)."""
+    asked: dict[str, Messages] = {}
+
+    def ask(task: Task) -> Messages:
+        if task.id not in asked:
+            asked[task.id] = prompt(task)
+        return asked[task.id]
+    return ask
+
+
+def _episode_jobs(engine: RolloutEngine, domain: Domain, requests: list) -> list[list[Rollout]]:
+    """Several branches' episodes in lockstep (``episodes.episode_rollouts_many``), their verdicts filed."""
+    out = []
+    for rollouts, verdicts in episode_rollouts_many(engine, domain, requests):
+        _file_verdicts(rollouts, verdicts)
+        out.append(rollouts)
+    return out
 
 
 def collect_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[CollectJob]) -> list[list[Rollout]]:
@@ -121,6 +143,9 @@ def collect_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[CollectJo
         return [collect_groups(engine, domain, j.tasks, j.group_size, j.params, j.adapter, step=j.step,
                                prompt=j.prompt)
                 for j in jobs]
+    if is_episodic(domain):
+        return _episode_jobs(engine, domain, [(j.tasks, j.group_size, j.params, j.adapter, j.step,
+                                               None if j.prompt is default_prompt else j.prompt) for j in jobs])
     expanded = [[t for t in j.tasks for _ in range(j.group_size)] for j in jobs]
     asked = []
     for j, exp in zip(jobs, expanded):
@@ -139,10 +164,21 @@ def verify_many(engine: RolloutEngine, domain: Domain, jobs: Sequence[VerifyJob]
                 temperature: float = 0.0, seeds: Sequence[int] = (0,)) -> list[list[Rollout]]:
     """:func:`verify` for several versions, one job each. An engine that serves several adapters in
     one call (``generate_many``: vLLM, the transformers engine) gets every version's prompts in one call per seed, so the
-    population shares batches; otherwise (and for episodic domains) one version after another."""
+    population shares batches (an episodic domain: each turn of every version's episodes, on an engine
+    with ``generate_ids_many``); otherwise one version after another."""
     if not shares_batches(engine, domain, len(jobs)):
         return [verify(engine, domain, tasks, adapter, max_new_tokens, temperature, seeds, prompt)
                 for tasks, adapter, prompt in jobs]
+    if is_episodic(domain):
+        asks = [None if prompt is default_prompt else _asked_once(prompt) for _, _, prompt in jobs]
+        out: list[list[Rollout]] = [[] for _ in jobs]
+        for seed in seeds:
+            params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+            done = _episode_jobs(engine, domain, [(tasks, 1, params, adapter, -1, ask)
+                                                  for (tasks, adapter, _), ask in zip(jobs, asks)])
+            for rollouts_of, rollouts in zip(out, done):
+                rollouts_of.extend(rollouts)
+        return out
     asked = [[prompt(t) for t in tasks] for tasks, _, prompt in jobs]   # once per task, not per seed
     out: list[list[Rollout]] = [[] for _ in jobs]
     for seed in seeds:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from evotrainer.domains.swe.environment import TOOL_PLAN, tool_prompt
 from evotrainer.domains.swe.episode import Episode
@@ -101,46 +101,72 @@ class Trajectory:
         return start, len(self.ids)
 
 
+class EpisodeJob(NamedTuple):
+    """One branch's episodes (:func:`run_episode_jobs`): how they sample, under which adapter, and how
+    each is decoded (``guided[i]``, :func:`guided_members`; empty: all freely)."""
+    episodes: Sequence[Episode]
+    params: SamplingParams
+    adapter: str | None
+    guided: Sequence[str | None] = ()
+
+
 def run_episodes(engine: TokenEngine, episodes: Sequence[Episode], params: SamplingParams,
                  adapter: str | None, guided: Sequence[str | None] = ()) -> list[Trajectory]:
-    """Drives ``episodes`` to their end, one engine batch per turn. A turn gets at most
-    ``params.max_new_tokens`` and its episode's ``max_turn_tokens``; an episode whose next turn
-    would pass ``max_context_tokens`` (counted exactly, in tokens), or the engine's own context
-    (``max_model_len`` of a vLLM engine), stops with ``context``. ``guided[i]``: how episode i's turns
-    are decoded (:func:`guided_members`; None: freely)."""
+    """Drives ``episodes`` to their end, one engine batch per turn (:func:`run_episode_jobs` of one job)."""
+    return run_episode_jobs(engine, [EpisodeJob(episodes, params, adapter, guided)])[0]
+
+
+def run_episode_jobs(engine: TokenEngine, jobs: Sequence[EpisodeJob]) -> list[list[Trajectory]]:
+    """Drives every job's episodes to their end in lockstep: each turn, the turns of every job that
+    asks the same token budget go to the engine in one call (``generate_ids_many``: each row under its
+    own branch's adapter) where it can, else one job after another. A job's turn ``k`` is seeded by
+    its own seed and ``k`` alone, so its tokens do not depend on the other jobs. A turn gets at most
+    ``params.max_new_tokens`` and its episode's ``max_turn_tokens``; an episode whose next turn would
+    pass ``max_context_tokens`` (counted exactly, in tokens), or the engine's own context
+    (``max_model_len`` of a vLLM engine), stops with ``context``."""
     tok = engine.tokenizer
     engine_context = getattr(engine, "max_model_len", None) or float("inf")
-    guided = list(guided) or [None] * len(episodes)
-    if not set(guided) <= {None, *GUIDES}:
-        raise ValueError(f"an episode's guide must be one of {GUIDES} or None, not {sorted(set(guided) - {None, *GUIDES})}")
-    trajs = [Trajectory(ep, engine.encode([ep.messages])[0], guide=g) for ep, g in zip(episodes, guided)]
+    trajs: list[list[Trajectory]] = []
+    for job in jobs:
+        guided = list(job.guided) or [None] * len(job.episodes)
+        if not set(guided) <= {None, *GUIDES}:
+            raise ValueError(f"an episode's guide must be one of {GUIDES} or None, not "
+                             f"{sorted(set(guided) - {None, *GUIDES})}")
+        trajs.append([Trajectory(ep, engine.encode([ep.messages])[0], guide=g) for ep, g in zip(job.episodes, guided)])
+    together = hasattr(engine, "generate_ids_many") and len(jobs) > 1
     turn = 0
     while True:
-        batches: dict[int, list[Trajectory]] = {}
-        for t in trajs:
-            if not t.episode.wants_turn():
-                continue
-            sep = turn_separator(tok, t.episode.turns[-1]["result"], t.last_eos) if t.episode.turns else []
-            limits = t.episode.limits
-            budget = min(params.max_new_tokens, limits.max_turn_tokens)
-            if len(t.prompt_ids) + len(t.ids) + len(sep) + budget > min(limits.max_context_tokens, engine_context):
-                t.episode.end("context")
-                continue
-            t.extend(sep, sampled=False)
-            batches.setdefault(budget, []).append(t)
+        batches: dict[int, dict[int, list[Trajectory]]] = {}   # budget -> job -> its trajectories
+        for j, (job, of_job) in enumerate(zip(jobs, trajs)):
+            for t in of_job:
+                if not t.episode.wants_turn():
+                    continue
+                sep = turn_separator(tok, t.episode.turns[-1]["result"], t.last_eos) if t.episode.turns else []
+                limits = t.episode.limits
+                budget = min(job.params.max_new_tokens, limits.max_turn_tokens)
+                if len(t.prompt_ids) + len(t.ids) + len(sep) + budget > min(limits.max_context_tokens, engine_context):
+                    t.episode.end("context")
+                    continue
+                t.extend(sep, sampled=False)
+                batches.setdefault(budget, {}).setdefault(j, []).append(t)
         if not batches:
             return trajs
-        for budget, batch in sorted(batches.items()):
-            turn_params = replace(params, max_new_tokens=budget, seed=params.seed * 1_000_033 + turn)
-            seqs = [t.prompt_ids + t.ids for t in batch]
-            grammars = [t.grammar(params.guided_edit) for t in batch]
-            completions = (engine.generate_ids(seqs, turn_params, adapter, grammars=grammars) if any(grammars)
-                           else engine.generate_ids(seqs, turn_params, adapter))
-            for t, c in zip(batch, completions):
-                span = t.extend(c.completion_ids, sampled=True, logprobs=c.logprobs)
-                t.last_eos = c.stop_reason == "eos"
-                record = t.episode.record(c.text, c.gen_seconds, tokens=len(c.completion_ids))
-                record.update(span=list(span), tokens=len(c.completion_ids), stop_reason=c.stop_reason)
+        for budget, by_job in sorted(batches.items()):
+            asks = [([t.prompt_ids + t.ids for t in batch],
+                     replace(jobs[j].params, max_new_tokens=budget, seed=jobs[j].params.seed * 1_000_033 + turn),
+                     jobs[j].adapter, [t.grammar(jobs[j].params.guided_edit) for t in batch])
+                    for j, batch in by_job.items()]
+            if together and len(asks) > 1:
+                done = engine.generate_ids_many(asks)
+            else:
+                done = [engine.generate_ids(seqs, p, adapter, grammars=gr) if any(gr)
+                        else engine.generate_ids(seqs, p, adapter) for seqs, p, adapter, gr in asks]
+            for batch, completions in zip(by_job.values(), done):
+                for t, c in zip(batch, completions):
+                    span = t.extend(c.completion_ids, sampled=True, logprobs=c.logprobs)
+                    t.last_eos = c.stop_reason == "eos"
+                    record = t.episode.record(c.text, c.gen_seconds, tokens=len(c.completion_ids))
+                    record.update(span=list(span), tokens=len(c.completion_ids), stop_reason=c.stop_reason)
         turn += 1
 
 
@@ -185,27 +211,42 @@ def episode_rollouts(engine: TokenEngine, domain: Any, tasks: Sequence[Task], gr
                      prompt: PromptFn | None = None) -> tuple[list[Rollout], list[dict[str, Any]]]:
     """``group_size`` episodes per task in ``domain``'s environment, and the domain's verdict on each
     one's submitted patch. The rollouts carry no outcome yet: the caller files the verdict by split."""
+    return episode_rollouts_many(engine, domain, [(tasks, group_size, params, adapter, step, prompt)])[0]
+
+
+EpisodeRequest = tuple[Sequence[Task], int, SamplingParams, "str | None", int, "PromptFn | None"]
+
+
+def episode_rollouts_many(engine: TokenEngine, domain: Any, requests: Sequence[EpisodeRequest]
+                          ) -> list[tuple[list[Rollout], list[dict[str, Any]]]]:
+    """:func:`episode_rollouts` for several branches, one (tasks, group size, params, adapter, step,
+    prompt) request each, their turns in lockstep (:func:`run_episode_jobs`)."""
     if not hasattr(engine, "generate_ids"):
         raise TypeError(f"{type(engine).__name__} cannot continue token sequences (no generate_ids); "
                         f"the {getattr(domain, 'name', 'episodic')} domain's multi-turn episodes need an engine "
                         "that can (TransformersEngine, VllmEngine)")
     tok = engine.tokenizer
     count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])   # noqa: E731
-    expanded = [t for t in tasks for _ in range(group_size)]
-    openings = {t.id: opening(prompt, t) for t in tasks}
-    envs = [domain.environment(t) for t in expanded]
+    expanded = [[t for t in tasks for _ in range(group_size)] for tasks, group_size, *_ in requests]
+    envs = [[domain.environment(t) for t in of] for of in expanded]
     try:
-        episodes = [Episode(t, env, count_tokens=count, opening=openings[t.id]) for t, env in zip(expanded, envs)]
-        guides = guided_members(len(tasks), group_size, params.guided_call_share, params.guided_plan_share)
-        trajs = run_episodes(engine, episodes, params, adapter, guides)
-        results = [t.episode.result() for t in trajs]
+        jobs = []
+        for (tasks, group_size, params, adapter, _, prompt), of, of_envs in zip(requests, expanded, envs):
+            openings = {t.id: opening(prompt, t) for t in tasks}
+            episodes = [Episode(t, env, count_tokens=count, opening=openings[t.id]) for t, env in zip(of, of_envs)]
+            guides = guided_members(len(tasks), group_size, params.guided_call_share, params.guided_plan_share)
+            jobs.append(EpisodeJob(episodes, params, adapter, guides))
+        trajs = run_episode_jobs(engine, jobs)
+        results = [[t.episode.result() for t in of] for of in trajs]
     finally:
-        for env in envs:
+        for env in (e for of_envs in envs for e in of_envs):
             env.close()
-    verdicts = domain.verify_batch(expanded, [r["patch"] for r in results])
-    rollouts = [_rollout(task, traj, res, params.seed, i // group_size, step)
-                for i, (task, traj, res) in enumerate(zip(expanded, trajs, results))]
-    return rollouts, verdicts
+    out = []
+    for (_, group_size, params, _, step, _), of, trajs_of, res in zip(requests, expanded, trajs, results):
+        verdicts = domain.verify_batch(of, [r["patch"] for r in res])
+        out.append(([_rollout(task, traj, r, params.seed, i // group_size, step)
+                     for i, (task, traj, r) in enumerate(zip(of, trajs_of, res))], verdicts))
+    return out
 
 
 def _rollout(task: Task, traj: Trajectory, res: dict[str, Any], seed: int, group: int, step: int) -> Rollout:

@@ -252,20 +252,32 @@ class TransformersEngine:
 
     def generate_many(self, jobs: Sequence[tuple[Sequence[Messages], SamplingParams, str | None]]
                       ) -> list[list[Completion]]:
-        """Several (prompts, params, adapter) jobs, e.g. one per live branch. On the KV decoder, jobs that
-        sample alike (the same settings but seed) decode in one batch, each row under its own branch's
-        adapter; the others, and any job the KV decoder cannot serve, one after another."""
-        encoded = [self.encode(prompts) for prompts, _, _ in jobs]
+        """Several (prompts, params, adapter) jobs, e.g. one per live branch, as :meth:`generate_ids_many`."""
+        return self.generate_ids_many([(self.encode(prompts), params, adapter, None) for prompts, params, adapter in jobs])
+
+    @torch.no_grad()
+    def generate_ids_many(self, jobs: Sequence[tuple[Sequence[list[int]], SamplingParams, str | None,
+                                                     Sequence[str | None] | None]]) -> list[list[Completion]]:
+        """Several (sequences, params, adapter, grammars) jobs: one branch's prompts, or the next turn of
+        its episodes. On the KV decoder, jobs that sample alike (the same settings but seed) decode in one
+        batch, each row under its own branch's adapter and grammar; the others, and any job the KV
+        decoder cannot serve, one after another. Each job's tokens are those it would get alone."""
         out: list[list[Completion]] = [[] for _ in jobs]
         alike: dict[tuple, list[int]] = {}
-        for j, (_, params, adapter) in enumerate(jobs):
-            if encoded[j] and self._kv_sampler(adapter) is not None:
+        for j, (encoded, params, adapter, grammars) in enumerate(jobs):
+            if encoded and self._kv_sampler(adapter) is not None:
                 alike.setdefault(replace(params, seed=0), []).append(j)
-            elif encoded[j]:
-                out[j] = self.generate_ids(encoded[j], params, adapter)
+            elif encoded:
+                out[j] = self.generate_ids(encoded, params, adapter, grammars=grammars)
         for members in alike.values():
-            done = self._sample_kv([(encoded[j], jobs[j][1], jobs[j][2], [None] * len(encoded[j])) for j in members])
-            for j, completions in zip(members, done):
+            requests = []
+            for j in members:
+                encoded, params, adapter, grammars = jobs[j]
+                grammars = list(grammars) if grammars is not None and any(grammars) else [None] * len(encoded)
+                if len(grammars) != len(encoded):
+                    raise ValueError(f"{len(grammars)} grammars for {len(encoded)} sequences; give one per sequence")
+                requests.append(([list(e) for e in encoded], params, adapter, grammars))
+            for j, completions in zip(members, self._sample_kv(requests)):
                 out[j] = completions
         return out
 
