@@ -120,21 +120,21 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _decide(args: argparse.Namespace, action: str) -> int:
-    """approve | abort (reject is abort) | revise, through loop/human/human_gate.py; then what comes next."""
+    """approve | abort (reject is abort) | revise, through loop/human/decisions.py; then what comes next."""
     exp = _experiment(args.run_dir)
-    from evotrainer.loop.human import human_gate
+    from evotrainer.loop.human import decisions, human_gate
 
     try:
         if not human_gate.pending(exp):   # nothing to decide: the run is left exactly as it is
             console.print(f"[red]nothing awaits a decision in {args.run_dir}[/red] (the run is {exp.state.status})")
             return 1
         if action == "revise":
-            point = human_gate.revise(exp, args.version, genome=args.genome, hypothesis=args.hypothesis,
-                                      note=args.note, outcome=args.outcome, reason=args.reason, by=args.by)
+            point = decisions.revise(exp, args.version, genome=args.genome, hypothesis=args.hypothesis,
+                                     note=args.note, outcome=args.outcome, reason=args.reason, by=args.by)
             ids = [args.version]
             verdict = "revised" + (" (approve or abort it now)" if point in ("design", "backtest") else "")
         else:
-            ids = (human_gate.approve if action == "approve" else human_gate.abort)(
+            ids = (decisions.approve if action == "approve" else decisions.abort)(
                 exp, args.versions, reason=args.reason, by=args.by)
             verdict = "approved" if action == "approve" else "rejected"
         for vid in ids:

@@ -28,7 +28,7 @@ from evotrainer.loop.stages.continuations import continue_survivors
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.stages.diversity import version_cell
 from evotrainer.loop.compute.executor import Executor, build_executor
-from evotrainer.loop.stages.exploit import exploration_overruns, exploring_slots, survivors_that_fit
+from evotrainer.loop.stages.exploit import narrow_to_exploit
 from evotrainer.loop.stages.final_pick import report_test
 from evotrainer.loop.human import human_gate
 from evotrainer.loop.stages.gating import GateInputs, gate_version
@@ -205,7 +205,7 @@ class Experiment:
                 # the last survivors stand, or the run would end with none and no final pick
                 survivors = [v for v in s.survivors if self.vdir(v).path.is_dir()]
                 self.say(f"gen {g}: no version was trained; the survivors of the last selection stand")
-            survivors = self.narrow_to_exploit(g, cands, survivors)
+            survivors = narrow_to_exploit(self, g, cands, survivors)
             reverts: list[dict] = []
             if self.cfg.evolution.revert:
                 survivors, reverts = plan_reverts(self.run_versions, survivors, g, gate_config(self.cfg), self.say)
@@ -225,33 +225,6 @@ class Experiment:
                 crash_point("select:pruned")
         self.say(f"gen {g}: survivors {', '.join(s.survivors) or 'none'}")
         s.live = []
-
-    def narrow_to_exploit(self, g: int, cands: list[Candidate], survivors: list[str]) -> list[str]:
-        """In the exploit phase only the elite lives on (``loop/stages/exploit.py``); entering it is logged.
-        Before it, a generation that would pass the exploration share narrows to the survivors that
-        leave room for its children, when any can."""
-        s = self.state
-        why = ""
-        if s.exploit_from is None:
-            used = s.budget_used.get("train_steps", 0)
-            overruns, why = exploration_overruns(self.cfg, used, len(survivors), g)
-            if not overruns:
-                return survivors
-            k = survivors_that_fit(self.cfg, used, len(survivors))
-            if k >= 1 and cands:
-                best = select_survivors([c for c in cands if c.version_id in survivors], k, elitism=k)
-                if best:
-                    fit = min(self.cfg.evolution.children_per_generation, exploring_slots(self.cfg, used) - len(best))
-                    self.say(f"gen {g}: {why}; the best {len(best)} of {len(survivors)} survivors continue "
-                             f"({', '.join(best)}) so that {fit} more child(ren) fit")
-                    return best
-            s.exploit_from = g
-        # No candidates this generation (nothing trained): the best of the standing survivors.
-        best = select_survivors(cands or self.candidates(survivors), 1, elitism=1)
-        if why:
-            self.say(f"gen {g}: exploit phase: {why}; only {', '.join(best) or 'none'} lives on, no more "
-                     "children, its lineage trains until the step budget is spent")
-        return best
 
     def prune_if_budget_spent(self, vid: str) -> bool:
         """True, with the untrained version pruned and its reason recorded, once a budget is spent (the
