@@ -289,10 +289,12 @@ class EvolutionConfig(_Section):
     @field_validator("entry_prior")
     @classmethod
     def _prior_file(cls, value: str | None) -> str | None:
-        if value not in (None, "shipped") and not Path(value).is_file():
+        if value in (None, "shipped"):
+            return value
+        if not Path(value).is_file():
             raise ValueError(f"no prior file at {value!r}: write one with benchmarks/entry_prior.py, or use "
                              "'shipped' or null")
-        return value
+        return str(Path(value).resolve())   # the run's config.json must name it from any directory
 
     @property
     def exploit(self) -> float:

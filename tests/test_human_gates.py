@@ -253,6 +253,7 @@ def test_a_run_from_before_the_four_points_is_migrated_once_on_load(tmp_path, ca
     assert vdir(run_dir, old).meta().status == "awaiting_approval"
     status_text(run_dir, capsys)                                   # a reader: nothing written
     assert json.loads((run_dir / "state.json").read_text())["gates"] == {}
+    assert vdir(run_dir, old).meta().status == "awaiting_approval"
     assert main(["approve", str(run_dir)] + ids[1:]) == 0          # opens the run for writing: migrated, saved
     migrated = load_state(run_dir)
     assert {c: migrated.gates[c]["point"] for c in ids} == dict.fromkeys(ids, "backtest")
@@ -260,3 +261,41 @@ def test_a_run_from_before_the_four_points_is_migrated_once_on_load(tmp_path, ca
     assert main(["resume", str(run_dir)]) == 0
     state, metas = check_invariants(run_dir)
     assert state.status == "finished" and metas[old].metrics.get("heldout_accuracy") is not None   # it trained
+
+
+class Crashed(BaseException):
+    """Stands in for os._exit(137) in-process: nothing after the crash point runs or saves."""
+
+
+def test_a_kill_inside_selection_after_completion_decisions_counts_each_child_once(tmp_path, monkeypatch):
+    """Decided at completion, the run resumes, plans its selection and prunes, and is killed before
+    the state moves on. Resumed again, the completion checkpoint is behind it: a child the plan pruned
+    keeps the outcome the gate and the person gave it (the history is not rewritten to "pruned", the
+    operators are not told twice)."""
+    from evotrainer.loop import crash
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg(run_dir, human_gate=["completion"], generations=2, operators={"knobs": 1.0},
+                   children_per_generation=2, population_size=1)
+    cfg["domain"]["n_heldout"] = 12
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path)]) == 0
+    ids, state = waiting(run_dir)
+    assert len(ids) == 2 and state.stage == "select"
+    assert main(["approve", str(run_dir)]) == 0
+    gated = {c: vdir(run_dir, c).meta().status for c in ids}
+
+    def die():
+        raise Crashed
+    monkeypatch.setattr(crash, "_die", die)
+    monkeypatch.setenv(crash.ENV, "select:pruned")
+    with pytest.raises(Crashed):
+        main(["resume", str(run_dir)])
+    monkeypatch.delenv(crash.ENV)
+    assert load_state(run_dir).stage == "select"
+    assert main(["resume", str(run_dir)]) == 0
+    state, metas = check_invariants(run_dir)
+    assert any(metas[c].status == "pruned" for c in ids) or any(metas[v].status == "pruned" for v in metas)
+    outcomes = [(h["child"], h["outcome"]) for h in state.history if h.get("child") in ids]
+    assert sorted(outcomes) == sorted(gated.items())      # once each, as gated and approved

@@ -68,7 +68,7 @@ class Experiment:
         if readonly:   # status and other readers: nothing is written, no lock is taken
             rundir.require(self.run_dir, "run")
             self.state = load_state(self.run_dir)
-            human_gate.migrate(self.state, self.run_versions)   # in memory only: a reader writes nothing
+            human_gate.migrate(self.state, self.run_versions, write=False)   # a reader writes nothing
         else:
             self.state = self._open_for_writing()
         self._clock = time.monotonic()

@@ -228,8 +228,10 @@ def episode_rollouts_many(engine: TokenEngine, domain: Any, requests: Sequence[E
     tok = engine.tokenizer
     count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])   # noqa: E731
     expanded = [[t for t in tasks for _ in range(group_size)] for tasks, group_size, *_ in requests]
-    envs = [[domain.environment(t) for t in of] for of in expanded]
+    envs: list[list[Any]] = [[] for _ in expanded]
     try:
+        for of, of_envs in zip(expanded, envs):   # made inside the try: one that fails, the others close
+            of_envs.extend(domain.environment(t) for t in of)
         jobs = []
         for (tasks, group_size, params, adapter, _, prompt), of, of_envs in zip(requests, expanded, envs):
             openings = {t.id: opening(prompt, t) for t in tasks}

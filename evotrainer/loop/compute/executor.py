@@ -7,7 +7,8 @@ run state saved after every version. An executor only decides where ``train_vers
 - ``local``: in this process, on the experiment's own ``Runtime``: the train stage trains the live
   versions in lock step, their rollouts in one batch per step (every engine serves several adapters
   in one call: vLLM multi-LoRA, the transformers engine's KV decoder per-row adapters; an episodic
-  domain's versions train one after another), then the verify stage verifies them in one batch;
+  domain's episodes turn by turn in one call on the transformers engine, one version after another on
+  vLLM), then the verify stage verifies them in one batch;
 - ``ray`` (``loop/compute/ray_executor.py``): each live version's train and verify as one Ray actor call on
   a worker that holds its own ``Runtime`` (base model loaded once per actor), writing into the same
   run directory; the driver merges each worker's spend and messages into the run state.

@@ -44,19 +44,21 @@ def point_of(exp: Experiment, vid: str) -> str:
     return exp.state.gates[vid]["point"]
 
 
-def migrate(state: RunState, versions: RunVersions) -> bool:
+def migrate(state: RunState, versions: RunVersions, write: bool = True) -> bool:
     """A run from before the four points, brought up to date once, when it is loaded: each decision
     without a point was taken at backtest (the only point then), and a child approved there by that
-    older CLI, which left its status awaiting, trains. True when anything changed (the caller saves)."""
+    older CLI, which left its status awaiting, trains (its meta is rewritten only with ``write``: a
+    reader changes nothing on disk). True when the state changed (the caller saves it)."""
     changed = False
     for vid, verdict in state.approvals.items():
-        if vid in state.gates or not versions.vdir(vid).path.is_dir():
+        if vid in state.gates:
             continue
-        meta = versions.vdir(vid).meta()
-        state.gates[vid] = {"point": "backtest", "generation": meta.generation}
-        if verdict == "approved" and meta.status == Status.AWAITING_APPROVAL:
+        vd = versions.vdir(vid)
+        meta = vd.meta() if vd.path.is_dir() else None
+        state.gates[vid] = {"point": "backtest", "generation": meta.generation if meta else state.generation}
+        if write and meta is not None and verdict == "approved" and meta.status == Status.AWAITING_APPROVAL:
             meta.status = Status.PENDING
-            versions.vdir(vid).save_meta(meta)
+            vd.save_meta(meta)
         changed = True
     return changed
 
@@ -121,8 +123,9 @@ def defers(exp: Experiment, vid: str) -> bool:
 def hold_completion(exp: Experiment, generation: int) -> bool:
     """After the gate: each gated child whose verdict awaits a person gets an open decision; one a
     person decided is finished now (its outcome told to the history and the listeners, idempotently)."""
-    if not enabled(exp, "completion"):
-        return False
+    selection = exp.state.selection
+    if not enabled(exp, "completion") or (selection and selection.get("generation") == generation):
+        return False   # off, or passed: selection has planned this generation (a resume inside it)
     for vid in exp.state.live:
         if exp.vdir(vid).meta().operator is None:
             continue

@@ -219,7 +219,8 @@ def train_version(exp: RunContext, vid: str) -> None:
 def train_versions(exp: RunContext, vids: list[str]) -> list[str]:
     """Trains pending versions in lock step: at each step every version picks and asks its tasks,
     all their rollouts are sampled in one engine call (``collect_many``: vLLM and the transformers
-    engine serve every adapter in one batch; an episodic domain samples one version after another), then
+    engine serve every adapter in one batch; an episodic domain's turns go in one call on the transformers
+    engine, one version after another on vLLM), then
     each version takes its own GRPO step. A version whose harness fails is rejected and the others go on. Returns the versions that
     trained."""
     sessions, stack = {}, contextlib.ExitStack()

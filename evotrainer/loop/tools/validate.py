@@ -67,6 +67,7 @@ def config_problems(cfg: Config, loop: bool, say: Callable[[str], None] | None =
         say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=3)
     if loop:
         run(_operators, cfg)
+        run(_entry_prior, cfg)
         if heldout is not None:
             run(_heldout_draws, cfg, heldout, say)
     run(_device, cfg, say)
@@ -200,6 +201,18 @@ def _operators(cfg: Config) -> None:
     if weights and cfg.evolution.children_per_generation and not any(w > 0 for w in weights.values()):
         raise ConfigError("field 'evolution.operators': every weight is 0; give at least one operator a weight > 0")
     _local_llm(cfg, weights)
+
+
+def _entry_prior(cfg: Config) -> None:
+    """The entry prior the library and llm_choice read, loaded now rather than at the first proposal."""
+    from evotrainer.operators.entry_prior import PriorError, load_prior
+
+    prior = cfg.evolution.entry_prior
+    if prior is not None:
+        try:
+            load_prior(None if prior == "shipped" else prior)
+        except PriorError as e:
+            raise ConfigError(f"field 'evolution.entry_prior': {e}") from None
 
 
 def _local_llm(cfg: Config, weights: dict[str, float]) -> None:
