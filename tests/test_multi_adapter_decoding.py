@@ -130,3 +130,26 @@ def test_rows_leaving_early_and_jobs_of_other_sizes_keep_their_own_tokens(policy
             assert a.ids == t.ids and torch.allclose(torch.tensor(a.logprobs), torch.tensor(t.logprobs), atol=1e-4)
         at += len(prompts)
     assert at == len(rows)
+
+
+def test_several_branches_continue_their_own_rows_at_the_next_call(policy):
+    """The next turn of every branch's episodes in one call: each branch's rows start from the cache
+    rows its previous turn left (only the new tokens are prefilled), and decode as if prefilled afresh."""
+    eng = TransformersEngine(policy, decoder="kv", batch_size=8)
+    ids = chat_ids(policy.tokenizer, PROMPTS[:4])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6, seed=0)
+    first = eng.generate_ids_many([(ids[:2], greedy, "b1", None), (ids[2:], greedy, "b2", None)])
+    tool = policy.tokenizer("tool says ok", add_special_tokens=False)["input_ids"]
+    nxt = [[p + c.completion_ids + tool for p, c in zip(part, done)] for part, done in ((ids[:2], first[0]), (ids[2:], first[1]))]
+    asks = [(nxt[0], greedy, "b1", None), (nxt[1], greedy, "b2", None)]
+    before = eng._kv.reused_tokens
+    continued = eng.generate_ids_many(asks)
+    # every token the first call's rows fed (the prompt and all sampled tokens but the last)
+    assert eng._kv.reused_tokens - before == sum(len(p) + len(c.completion_ids) - 1 for part, done in
+                                                 ((ids[:2], first[0]), (ids[2:], first[1])) for p, c in zip(part, done))
+    eng._kv.forget()
+    fresh = eng.generate_ids_many(asks)
+    for a, b in zip(continued, fresh):
+        assert [c.completion_ids for c in a] == [c.completion_ids for c in b]
+        for x, y in zip(a, b):
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)

@@ -9,7 +9,8 @@ its own rows, each branch's prompts prefilled under its adapter):
    that extends one of them (the next turn of an episode: the trajectory so far, the tool result,
    the next assistant header) starts from that row and prefills only its new tokens. The cache is
    reused only under the same adapter with the same tensors (a training step in between makes it
-   stale, and it is dropped).
+   stale, and it is dropped). A batch of several branches' rows keeps each branch's rows apart, so
+   the next turn of every branch's episodes continues from its own rows.
 2. **Prefill** each distinct (start row, new tokens) once: a GRPO group asks one prompt n times.
    Fresh prompts that open with the same tokens (the chat template's system prompt) prefill that
    common prefix once.
@@ -48,6 +49,13 @@ class Sampled:
 class _Piece:
     cache: KVCache
     rows: list[tuple[int, ...]]   # per cache row, the tokens whose keys and values it holds
+    outs: list[int]               # per cache row, the output row of the call that filled it
+
+    def of(self, keep: list[int]) -> _Piece:
+        """The piece's rows ``keep`` alone."""
+        index = torch.tensor(keep, device=self.cache.k[0].device)
+        return _Piece(self.cache.select(index, self.cache.length), [self.rows[r] for r in keep],
+                      [self.outs[r] for r in keep])
 
 
 def policy_model(policy):
@@ -79,12 +87,12 @@ class KVSampler:
     def __init__(self, policy) -> None:
         self.policy = policy
         self.decoder = KVDecoder(policy_model(policy))
-        self.kept: tuple[tuple, list[_Piece]] | None = None   # (adapter key, pieces) of the last call
+        self.kept: dict[tuple, list[_Piece]] = {}   # adapter key -> the last call's pieces of that adapter
         self.reused_tokens = 0      # prompt tokens taken from a kept cache instead of prefilled
         self.prefilled_tokens = 0   # prompt tokens run through a prefill
 
     def forget(self) -> None:
-        self.kept = None
+        self.kept = {}
 
     def sample(self, prompts: list[list[int]], adapter: str | None, *, seed: int, **kw) -> list[Sampled]:
         """One branch's batch: :meth:`sample_rows` with every row under ``adapter``, one seed."""
@@ -106,12 +114,13 @@ class KVSampler:
                              f"({sum(n for n, _ in seeds)})")
         dev = self.decoder.device
         names = list(dict.fromkeys(adapters))
-        key = adapter_key(self.policy, names[0]) if len(names) == 1 else None
-        if key is not None:
+        keys = {name: adapter_key(self.policy, name) for name in names}
+        self.kept = {k: v for k, v in self.kept.items() if k in keys.values()}   # stale or unused: released
+        if len(names) == 1:
             lora = lora_deltas(policy_model(self.policy), names[0])
-            cache, logits = self._prefill(prompts, lora, key, max_new_tokens)
+            cache, logits = self._prefill(prompts, lora, keys[names[0]], max_new_tokens)
         else:
-            cache, logits, lora = self._prefill_branches(prompts, adapters, names, max_new_tokens)
+            cache, logits, lora = self._prefill_branches(prompts, adapters, names, keys, max_new_tokens)
         B = len(prompts)
         gens = [(n, torch.Generator(device=dev).manual_seed(seed)) for n, seed in seeds]
         warpers = []
@@ -170,7 +179,7 @@ class KVSampler:
             if len(rows) - sum(alive) >= max(2, len(rows) // 4):    # a quarter finished: shrink the batch
                 done = [j for j, a in enumerate(alive) if not a]
                 stash.append(_Piece(cache.select(torch.tensor(done, device=dev), cache.length),
-                                    [tuple(held[rows[j]]) for j in done]))
+                                    [tuple(held[rows[j]]) for j in done], [rows[j] for j in done]))
                 keep = [j for j, a in enumerate(alive) if a]
                 cache = cache.select(torch.tensor(keep, device=dev), cache.capacity)
                 if isinstance(lora, RowLora):
@@ -181,23 +190,30 @@ class KVSampler:
                     held[i].append(tokens[j])
             feed = torch.tensor([t if a else pad for t, a in zip(tokens, alive)], device=dev)[:, None]
             logits = self.decoder.forward(cache, feed, torch.tensor(alive, device=dev)[:, None], lora)
-        # One branch's cache is kept for its next call; a batch of several branches' rows is not.
-        self.kept = (key, stash + [_Piece(cache, [tuple(held[i]) for i in rows])]) if key is not None else None
+        # Kept for the next call, each branch's rows under its own key (its next turn continues them).
+        pieces = stash + [_Piece(cache, [tuple(held[i]) for i in rows], list(rows))]
+        if len(names) == 1:
+            self.kept = {keys[names[0]]: pieces}
+        else:
+            self.kept = {}
+            for name in names:
+                mine = [piece.of(r) for piece in pieces
+                        if (r := [j for j, o in enumerate(piece.outs) if adapters[o] == name])]
+                self.kept[keys[name]] = mine
         return out
 
     def _prefill_branches(self, prompts: list[list[int]], adapters: list[str | None], names: list[str | None],
-                          max_new_tokens: int) -> tuple[KVCache, torch.Tensor, RowLora]:
-        """Each branch's prompts prefilled under its own adapter (their shared prompts once each),
-        stacked back into row order, and the per-row adapters for the decode."""
+                          keys: dict, max_new_tokens: int) -> tuple[KVCache, torch.Tensor, RowLora]:
+        """Each branch's prompts prefilled under its own adapter (their shared prompts once each, a
+        continued sequence from that branch's kept row), stacked back into row order, and the per-row
+        adapters for the decode."""
         dev = self.decoder.device
         model = policy_model(self.policy)
         loras = [lora_deltas(model, name) for name in names]
         parts, order = [], []
         for name, lora in zip(names, loras):
             rows = [i for i, a in enumerate(adapters) if a == name]
-            # A key no kept cache has: each branch's prompts are prefilled afresh (a kept cache is one
-            # branch's, and _prefill drops it).
-            parts.append(self._prefill([prompts[i] for i in rows], lora, ("<several branches>",), max_new_tokens))
+            parts.append(self._prefill([prompts[i] for i in rows], lora, keys[name], max_new_tokens))
             order += rows
         capacity = max(c.length for c, _ in parts) + max_new_tokens
         cache = KVCache.concat([(c, torch.arange(c.k[0].shape[0], device=dev)) for c, _ in parts], capacity)
@@ -213,8 +229,8 @@ class KVSampler:
         kept row that is its longest strict prefix, when every prompt has one."""
         dev = self.decoder.device
         starts = self._kept_rows(prompts, key)
-        pieces = self.kept[1] if starts is not None else []
-        self.kept = None    # the rows it needs are copied below; release the rest
+        pieces = self.kept.get(key, []) if starts is not None else []
+        self.kept.pop(key, None)    # the rows it needs are copied below; release the rest of this key's
         cut = [len(pieces[p].rows[r]) for p, r in starts] if starts is not None else [0] * len(prompts)
         starts = starts or [(-1, -1)] * len(prompts)
         unique: dict[tuple, int] = {}
@@ -251,12 +267,12 @@ class KVSampler:
     def _kept_rows(self, prompts: list[list[int]], key: tuple) -> list[tuple[int, int]] | None:
         """For each prompt, the (piece, row) of the kept row whose tokens are its longest strict
         prefix; None unless every prompt has one (a batch continues together or starts afresh)."""
-        if self.kept is None or self.kept[0] != key:
+        if key not in self.kept:
             return None
         found = []
         for p in prompts:
             best, best_len = None, 0
-            for pi, piece in enumerate(self.kept[1]):
+            for pi, piece in enumerate(self.kept[key]):
                 for r, held in enumerate(piece.rows):
                     n = len(held)
                     if best_len < n < len(p) and tuple(p[:n]) == held:
