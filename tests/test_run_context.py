@@ -12,7 +12,7 @@ from evotrainer.loop.stages.training import StandaloneContext
 from evotrainer.records.version import VersionDir
 from tests.loop_runs import tiny_cfg
 
-TRAINING = Path(__file__).resolve().parents[1] / "evotrainer" / "loop" / "training.py"
+TRAINING = Path(__file__).resolve().parents[1] / "evotrainer" / "loop" / "stages" / "training.py"
 
 
 def test_every_context_the_stages_get_is_a_run_context(tmp_path):
