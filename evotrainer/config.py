@@ -24,7 +24,7 @@ class _Section(BaseModel):
 
 
 # Difficulty levels each domain accepts (code: 1-3 generated function tasks, 4 HumanEval).
-DOMAIN_LEVELS = {"math": (1, 2, 3, 4, 5), "code": (1, 2, 3, 4), "swe": (1, 2, 3)}
+DOMAIN_LEVELS = {"math": (1, 2, 3, 4, 5), "code": (1, 2, 3, 4), "swe": (0, 1, 2, 3)}
 
 
 class EpisodeConfig(_Section):
@@ -40,7 +40,8 @@ class EpisodeConfig(_Section):
 class DomainConfig(_Section):
     name: Literal["math", "code", "swe"] = "math"
     difficulty: int | list[int] = Field(default_factory=lambda: [1, 2],
-                                        description="difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval; swe 1-3")
+                                        description=("difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval; swe 1-3, and 0 "
+                                                                     "(level 1 naming the wrong line) for train only"))
     # Defaults the generator can satisfy: levels alternate, and level 1 has 100 distinct problems, so
     # the default [1, 2] allows at most 200 tasks in all (domains/math/tasks.py::level_capacity).
     n_train: int | None = Field(128, ge=1, le=1_000_000, description=(
@@ -74,6 +75,9 @@ class DomainConfig(_Section):
         if not levels or bad:
             raise ValueError(f"difficulty {bad or levels} is not a level of the {self.name} domain; "
                              f"use one or more of {list(allowed)}")
+        if self.name == "swe" and not self.files and not [lv for lv in levels if lv > 0]:
+            raise ValueError("swe level 0 (an issue that names the wrong line) is a train-only rung: held-out "
+                             "and test need a level of 1-3 too, e.g. difficulty: [0, 1]")
         return self
 
 

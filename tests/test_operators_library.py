@@ -317,3 +317,17 @@ def test_a_policy_that_did_not_move_gets_an_order_of_magnitude_learning_rate(cha
         iv = propose_entry("library", parent, ENTRIES["unstick_learning_rate"], params, Evidence(health_report=report))
         new = iv.child().knobs["learning_rate"]["value"]
         assert 3e-5 * 0.99 <= new <= 1e-3 and iv.factors == ["knob:learning_rate"]
+
+
+def test_easy_first_starts_an_swe_curriculum_on_level_zero_issues():
+    """On an SWE train split of levels 0 and 1 (domain.difficulty [0, 1]), the easy-first curriculum
+    trains its warm-up steps on the issues that name the wrong line, then on both levels."""
+    from evotrainer.domains.swe.generator import make_split
+
+    pool = [{"id": t.id, "prompt": t.prompt, "difficulty": t.difficulty, "visible": {}}
+            for t in make_split("train", 8, [0, 1], seed=0)]
+    level = {t["id"]: t["difficulty"] for t in pool}
+    params = {"warmup": 4, "share": 0.5}
+    early = [level[x] for s in range(4) for x in _run_select("easy_first_curriculum", params, pool, {}, s, 2)]
+    late = {level[x] for s in range(4, 8) for x in _run_select("easy_first_curriculum", params, pool, {}, s, 2)}
+    assert set(early) == {0} and late == {0, 1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -144,3 +145,33 @@ def test_swebench_loader_errors_name_file_and_line(swebench_dir, edit, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
         load_swebench(root / "train.jsonl", "train")
     assert "\n" not in str(info.value)
+
+
+def test_level_zero_names_the_wrong_line_and_only_train_holds_it():
+    """Level 0 is level 1's bugs with the wrong line named (a rung a curriculum may start on): train
+    holds levels 0 and 1 without repeating a bug between them; held-out and test stay level 1."""
+    from evotrainer.domains.swe.generator import task_bug
+
+    train = make_split("train", 12, [0, 1], seed=3)
+    assert [t.difficulty for t in train] == [0, 1] * 6
+    assert len({task_bug(t) for t in train}) == 12
+    for t in train:
+        named = re.search(r"The wrong line is line (\d+) of `([^`]+)`: `(.+)`\.", t.prompt)
+        assert (named is not None) == (t.difficulty == 0), t.prompt
+        if named:   # the line as the repository shows it, and the one the fix changes
+            line, path, text = int(named[1]), named[2], named[3]
+            assert t.visible["files"][path].splitlines()[line - 1].strip() == text
+            removed = [x[1:].strip() for x in t.answer.splitlines() if x.startswith("-") and not x.startswith("---")]
+            assert removed == [text]
+    for split in ("heldout", "test"):
+        assert {t.difficulty for t in make_split(split, 6, [0, 1], seed=3)} == {1}
+        with pytest.raises(ValueError, match="train-only"):
+            make_split(split, 2, [0], seed=3)
+
+
+def test_a_config_asking_for_level_zero_alone_is_refused_before_any_task_is_built():
+    from evotrainer.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="train-only rung"):
+        parse_config({"domain": {"name": "swe", "difficulty": 0}})
+    assert parse_config({"domain": {"name": "swe", "difficulty": [0, 1]}}).domain.difficulty == [0, 1]

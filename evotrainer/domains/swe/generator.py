@@ -12,7 +12,11 @@ mutation only when some test fails and others pass, and from that writes:
 
 Levels: 1 the issue names the file and the function and the fix is one token (operator,
 comparison, constant); 2 the issue names the function only and the bug is any kind; 3 the issue
-describes behaviour only and the bug is in a helper the failing function calls. A bug is its
+describes behaviour only and the bug is in a helper the failing function calls. Level 0 is a rung
+below level 1 for training only: level 1's bugs, the issue also naming the wrong line (its number and
+text), so the policy has only to write the replacement. Held-out and test never hold level 0 (a split
+other than train drops it from the levels asked for), so a curriculum may start there while every
+reported rate stays level 1. A bug is its
 ``Bug.key`` (template module + mutation: function, kind, site): two tasks with one key hold the same
 bug whatever their package name and other modules. Splits are disjoint by bug: a bug is assigned to
 one split by a hash of its key, so no seed or size can put a held-out bug into train. A split never
@@ -36,7 +40,19 @@ from evotrainer.domains.swe.mutations import ONE_TOKEN, Mutation, callers, mutat
 from evotrainer.domains.swe.templates import PACKAGES, TEMPLATES
 from evotrainer.domains.task import Task
 
-LEVELS = (1, 2, 3)
+LEVELS = (0, 1, 2, 3)
+TRAIN_ONLY = (0,)   # levels only the train split holds
+
+
+def bug_level(level: int) -> int:
+    """The catalogue level a task level draws its bugs from (level 0 is level 1's bugs, better described)."""
+    return max(level, 1)
+
+
+def split_levels(split: str, levels: list[int]) -> list[int]:
+    """The levels ``split`` holds of those asked for: every one for train, none of the train-only ones
+    elsewhere."""
+    return list(levels) if split == "train" else [lv for lv in levels if lv not in TRAIN_ONLY]
 BUCKETS = {"train": range(0, 6), "heldout": range(6, 8), "test": range(8, 10)}
 
 
@@ -133,14 +149,17 @@ def _test_file(pkg: str, module: str, keep: set[tuple[str, int]] | None) -> str:
     return "".join(out)
 
 
-def _issue(bug: Bug, pkg: str) -> tuple[str, str]:
+def _issue(bug: Bug, pkg: str, level: int) -> tuple[str, str]:
     call, seen, want = bug.observed
     seen = seen if seen.startswith("raises ") else f"gives `{seen}`"
     path = f"{pkg}/{bug.module}.py"
-    if bug.level == 1:
+    if level <= 1:
         title = f"`{bug.caller}` in `{path}` returns a wrong result"
         body = f"`{bug.caller}` in `{path}` is wrong: `{call}` {seen}, but it should give `{want}`."
-    elif bug.level == 2:
+        if level == 0:   # the buggy line as the file shows it (its text before the fix)
+            text = bug.mutation.apply(TEMPLATES[bug.module]["source"]).splitlines()[bug.mutation.line - 1].strip()
+            body += f" The wrong line is line {bug.mutation.line} of `{path}`: `{text}`."
+    elif level == 2:
         title = f"`{bug.caller}` misbehaves"
         body = f"The function `{bug.caller}` does not do what it should: `{call}` {seen}; expected `{want}`."
     else:
@@ -154,7 +173,9 @@ def _sha(*parts: str) -> str:
     return hashlib.sha1("\0".join(parts).encode()).hexdigest()
 
 
-def build_task(bug: Bug, split: str, index: int, seed: int, leaky: bool) -> Task:
+def build_task(bug: Bug, split: str, index: int, seed: int, leaky: bool, level: int | None = None) -> Task:
+    """The task of ``bug`` at ``level`` (default: the bug's own; 0 for a level-1 bug's line-naming issue)."""
+    level = bug.level if level is None else level
     rng = random.Random(f"evotrainer-swe-{seed}-{split}-{index}")
     pkg = rng.choice(PACKAGES)
     others = rng.sample(sorted(set(TEMPLATES) - {bug.module}), 2)
@@ -178,16 +199,16 @@ def build_task(bug: Bug, split: str, index: int, seed: int, leaky: bool) -> Task
                 tests[tid] = {"module": f"{pkg}.{mod}", "func": f, "args": args,
                               "want": _run(TEMPLATES[mod]["source"], f, args)[1]}
                 (f2p if (f, i) in broken else p2p).append(tid)
-    title, body = _issue(bug, pkg)
+    title, body = _issue(bug, pkg, level)
     path = f"{pkg}/{bug.module}.py"
     fix = diff_files({path: buggy}, {path: clean})
     init = _sha(pkg, *modules, str(index))
     history = [{"commit": init, "message": "Initial import", "diff": ""}]
     if leaky:
         history.append({"commit": _sha(init, fix), "message": f"Fix {bug.caller}: {title}", "diff": fix})
-    tid = f"swe/L{bug.level}/{bug.key}/{split}-{index}"
+    tid = f"swe/L{level}/{bug.key}/{split}-{index}"
     prompt = f"Repository `{pkg}` has an open issue.\n\n## {title}\n\n{body}\n\nFix the bug with a patch."
-    return Task(id=tid, prompt=prompt, answer=fix, split=split, domain="swe", difficulty=bug.level,
+    return Task(id=tid, prompt=prompt, answer=fix, split=split, domain="swe", difficulty=level,
                 visible={"files": files, "history": history, "issue": body, "title": title, "package": pkg,
                          "leaky": leaky},
                 hidden={"tests": tests, "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "test_files": hidden_files,
@@ -197,15 +218,15 @@ def build_task(bug: Bug, split: str, index: int, seed: int, leaky: bool) -> Task
 
 
 def capacity(level: int, split: str) -> int:
-    """How many distinct bugs of ``level`` the catalogue holds in ``split``."""
-    return sum(1 for b in catalogue() if b.level == level and split_of(b) == split)
+    """How many distinct bugs of ``level`` the catalogue holds in ``split`` (levels 0 and 1 share theirs)."""
+    return sum(1 for b in catalogue() if b.level == bug_level(level) and split_of(b) == split)
 
 
 def _check_capacity(split: str, n: int, levels: list[int]) -> None:
     """Raises ValueError, before any repository is built, when ``n`` tasks over ``levels`` (taken in
     turn) need more bugs of a level than the split holds."""
-    for lv in dict.fromkeys(levels):
-        turns = [j for j, x in enumerate(levels) if x == lv]     # where lv's turns fall in one round
+    for lv in dict.fromkeys(map(bug_level, levels)):
+        turns = [j for j, x in enumerate(levels) if bug_level(x) == lv]   # where lv's turns fall in one round
         full, rest = divmod(n, len(levels))
         need = full * len(turns) + sum(1 for j in turns if j < rest)
         have = capacity(lv, split)
@@ -220,9 +241,15 @@ def _check_capacity(split: str, n: int, levels: list[int]) -> None:
 
 def make_split(split: str, n: int, levels: list[int], seed: int, leak_share: float = 0.0) -> list[Task]:
     """``n`` tasks of one split, levels taken in turn, each task a distinct bug in a fresh repository
-    (ValueError when a level has too few bugs in the split); the leak only ever reaches train."""
+    (ValueError when a level has too few bugs in the split); the leak only ever reaches train. Levels
+    0 and 1 draw from one pool of bugs, so a split holding both still never repeats a bug."""
+    levels = split_levels(split, levels)
+    if not levels:
+        raise ValueError(f"swe levels {TRAIN_ONLY} are train-only rungs: the {split} split needs a level of "
+                         "1-3 among domain.difficulty")
     _check_capacity(split, n, levels)
-    pools = {lv: [b for b in catalogue() if b.level == lv and split_of(b) == split] for lv in levels}
+    pools = {lv: [b for b in catalogue() if b.level == lv and split_of(b) == split]
+             for lv in dict.fromkeys(map(bug_level, levels))}
     rng = random.Random(f"evotrainer-swe-order-{seed}-{split}")
     for pool in pools.values():
         rng.shuffle(pool)
@@ -230,8 +257,8 @@ def make_split(split: str, n: int, levels: list[int], seed: int, leak_share: flo
     out = []
     for i in range(n):
         lv = levels[i % len(levels)]
-        bug = pools[lv][taken[lv]]
-        taken[lv] += 1
+        bug = pools[bug_level(lv)][taken[bug_level(lv)]]
+        taken[bug_level(lv)] += 1
         leaky = split == "train" and rng.random() < leak_share
-        out.append(build_task(bug, split, i, seed, leaky))
+        out.append(build_task(bug, split, i, seed, leaky, lv))
     return out
