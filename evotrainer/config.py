@@ -39,9 +39,9 @@ class EpisodeConfig(_Section):
 
 class DomainConfig(_Section):
     name: Literal["math", "code", "swe"] = "math"
-    difficulty: int | list[int] = Field(default_factory=lambda: [1, 2],
-                                        description=("difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval; swe 1-3, and 0 "
-                                                                     "(level 1 naming the wrong line) for train only"))
+    difficulty: int | list[int] = Field(default_factory=lambda: [1, 2], description=(
+        "difficulty level(s): math 1-5; code 1-3 generated, 4 HumanEval; swe 1-3, and 0 (level 1 naming the "
+        "wrong line) for train only"))
     # Defaults the generator can satisfy: levels alternate, and level 1 has 100 distinct problems, so
     # the default [1, 2] allows at most 200 tasks in all (domains/math/tasks.py::level_capacity).
     n_train: int | None = Field(128, ge=1, le=1_000_000, description=(
