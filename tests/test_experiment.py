@@ -17,6 +17,7 @@ from evotrainer.config import parse_config
 from evotrainer.loop.experiment import Experiment
 from evotrainer.records.run_state import load_state
 from evotrainer.records.version import VersionDir
+from evotrainer.records.history import proposal_of
 from tests.loop_runs import check_invariants, mlflow_runs, tiny_cfg
 
 
@@ -196,10 +197,10 @@ def test_resume_after_a_crash_at_each_named_window(tmp_path):
         if m.operator and "hypothesis" in (m.decision or {}):
             # The gate's effects past the meta were finished on resume: decision.json and the history.
             assert (vd / "decision.json").is_file()
-            h = next(h for h in state.history if h.get("child") == m.id)
-            assert h["outcome"] == m.status or (m.status == "pruned" and h["outcome"] in ("kept", "promoted")), \
+            h = proposal_of(state.history, m.id)
+            assert h.outcome == m.status or (m.status == "pruned" and h.outcome in ("kept", "promoted")), \
                 (m.id, m.status, h)
-            assert h["hypothesis_verdict"] == m.hypothesis["verdict"]
+            assert h.hypothesis_verdict == m.hypothesis["verdict"]
 
 
 def test_a_config_uses_a_user_operator_installed_by_entry_point(tmp_path, monkeypatch):

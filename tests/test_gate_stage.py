@@ -17,6 +17,7 @@ from evotrainer.genome.program import HarnessProgram, reference_program
 from evotrainer.loop.stages.gating import GateInputs, gate_version
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.knowledge.skills import SkillLibrary
+from evotrainer.records.history import ProposalRecord
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.version import BranchVersion
 
@@ -67,7 +68,7 @@ def generation(tmp_path, child_correct: int, control_correct: int | None = 4, ch
     write(versions, "v0001", ["v0000"], 1, control_correct, status="verified" if control_correct is not None else "rejected")
     write(versions, "v0002", ["v0000"], 1, child_correct, operator="knobs", genome=child_genome)
     said: list[str] = []
-    history = [{"generation": 1, "child": "v0002", "parent": "v0000", "operator": "knobs"}]
+    history = [ProposalRecord(1, "v0000", operator="knobs", child="v0002")]
     inputs = GateInputs(versions, GateConfig(), keep_ties=True, domain="math", history=history,
                         listeners=(SkillLibrary(tmp_path / "skills.json"),), say=said.append)
     return inputs, said
@@ -81,7 +82,7 @@ def test_a_child_better_on_the_paired_gate_draw_is_promoted_and_its_skill_record
     assert meta.decision["paired"]["mean_delta"] == pytest.approx(0.5) and meta.decision["paired"]["ci_low"] > 0
     assert meta.hypothesis["verdict"] == "confirmed"
     assert json.loads((run.versions.vdir("v0002").path / "decision.json").read_text())["promote"] is True
-    assert run.history[0]["outcome"] == "promoted" and run.history[0]["paired_delta"] == pytest.approx(0.5)
+    assert run.history[0].outcome == "promoted" and run.history[0].paired_delta == pytest.approx(0.5)
     skill = next(iter(run.listeners[0]))
     assert skill.factor == "knob:learning_rate" and skill.evidence[0]["version"] == "v0002"
     assert skill.domains == ["math"] and skill.evidence[0]["parent"] == "v0001"
@@ -93,7 +94,7 @@ def test_a_child_worse_on_the_paired_gate_draw_is_rejected(tmp_path):
     gate_version(run, "v0002")
     meta = run.versions.vdir("v0002").meta()
     assert meta.status == "rejected" and meta.decision["paired"]["ci_high"] < 0
-    assert meta.hypothesis["verdict"] == "refuted" and run.history[0]["outcome"] == "rejected"
+    assert meta.hypothesis["verdict"] == "refuted" and run.history[0].outcome == "rejected"
     assert len(run.listeners[0]) == 0
 
 
@@ -112,7 +113,7 @@ def test_a_child_its_own_validity_hook_flags_is_invalid_however_well_it_scores(t
     meta = run.versions.vdir("v0002").meta()
     assert meta.status == "invalid" and meta.decision["paired"]["promote"]   # better by the numbers, still blocked
     assert [v["message"] for v in meta.violations] == ["harness validity always: this harness flags every branch"]
-    assert meta.hypothesis["verdict"] == "refuted" and run.history[0]["outcome"] == "invalid"
+    assert meta.hypothesis["verdict"] == "refuted" and run.history[0].outcome == "invalid"
 
 
 def test_a_child_whose_control_has_no_gate_draw_is_paired_with_its_parent(tmp_path):
@@ -127,15 +128,15 @@ def test_a_verdict_held_for_a_person_changes_nothing_beyond_the_version(tmp_path
     run, _ = generation(tmp_path, child_correct=12)
     gate_version(run, "v0002", finish=False)
     assert run.versions.vdir("v0002").meta().status == "promoted"
-    assert "outcome" not in run.history[0] and len(run.listeners[0]) == 0
+    assert run.history[0].outcome == "accepted" and len(run.listeners[0]) == 0
     gate_version(run, "v0002")   # the person decided: the gate's effects follow, once
-    assert run.history[0]["outcome"] == "promoted" and len(run.listeners[0]) == 1
+    assert run.history[0].outcome == "promoted" and len(run.listeners[0]) == 1
 
 
 def test_the_seed_and_continuations_are_kept_without_a_comparison(tmp_path):
     run, said = generation(tmp_path, child_correct=12)
     gate_version(run, "v0001")
-    assert run.versions.vdir("v0001").meta().status == "kept" and not said and "outcome" not in run.history[0]
+    assert run.versions.vdir("v0001").meta().status == "kept" and not said and run.history[0].outcome == "accepted"
 
 
 def test_the_gate_tells_its_listeners_the_outcome_without_knowing_them(tmp_path):

@@ -13,6 +13,7 @@ import yaml
 from evotrainer.cli.app import main
 from evotrainer.config import ConfigError, parse_config
 from evotrainer.genome.program import HarnessProgram
+from evotrainer.records.history import human_records, proposals
 from evotrainer.records.run_state import load_state
 from evotrainer.records.version import VersionDir
 from tests.loop_runs import check_invariants, mlflow_runs, tiny_cfg
@@ -190,8 +191,8 @@ def test_backtest_pauses_before_training_and_a_revision_is_backtested_again(tmp_
     assert state.status == "finished"
     assert all(metas[c].metrics.get("heldout_accuracy") is not None for c in ids)
     assert [h["action"] for h in metas[a].decision["human"]] == ["revise", "approve"]
-    assert any(h.get("human_gate") == "backtest" and h["version"] == a and h["reason"] == "a smaller step"
-               for h in state.history)
+    assert any(h.point == "backtest" and h.version == a and h.reason == "a smaller step"
+               for h in human_records(state.history))
     trained_once(run_dir, metas)
 
 
@@ -206,7 +207,7 @@ def test_completion_pauses_after_the_gate_and_a_person_can_hold_a_verdict_back(t
     ids, state = waiting(run_dir)
     assert state.status == "paused" and state.stage == "select" and state.generation == 1 and len(ids) == 3
     assert all(state.gates[c]["point"] == "completion" for c in ids)
-    assert not any(h.get("child") in ids and h["outcome"] != "accepted" for h in state.history)   # not counted yet
+    assert not any(h.child in ids and h.outcome != "accepted" for h in proposals(state.history))   # not counted yet
     out = status_text(run_dir, capsys)
     assert "completion" in out and "the gate's outcome" in out and "hypothesis verdict" in out
     statuses = {c: vdir(run_dir, c).meta().status for c in ids}
@@ -233,7 +234,7 @@ def test_completion_pauses_after_the_gate_and_a_person_can_hold_a_verdict_back(t
     assert metas[a].decision["human"][-1]["outcome"] == {"from": statuses[a], "to": "rejected"}
     assert metas[others[0]].status == "rejected" and "too costly" in metas[others[0]].decision["reasons"][0]
     assert a not in state.survivors and others[0] not in state.survivors
-    outcome = {h["child"]: h["outcome"] for h in state.history if h.get("child") in ids}
+    outcome = {h.child: h.outcome for h in proposals(state.history) if h.child in ids}
     assert outcome[a] == "rejected" and outcome[others[1]] == metas[others[1]].status   # counted after the decision
     trained_once(run_dir, metas)
 
@@ -297,5 +298,5 @@ def test_a_kill_inside_selection_after_completion_decisions_counts_each_child_on
     assert main(["resume", str(run_dir)]) == 0
     state, metas = check_invariants(run_dir)
     assert any(metas[c].status == "pruned" for c in ids) or any(metas[v].status == "pruned" for v in metas)
-    outcomes = [(h["child"], h["outcome"]) for h in state.history if h.get("child") in ids]
+    outcomes = [(h.child, h.outcome) for h in proposals(state.history) if h.child in ids]
     assert sorted(outcomes) == sorted(gated.items())      # once each, as gated and approved

@@ -18,6 +18,7 @@ from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.stages.merging import START_ADAPTER, merge_pair, propose_merge, start_adapter
 from evotrainer.policy.adapter_merge import AdapterMergeError, lora_tensors, merge_adapters
 from evotrainer.policy.lora import LoraSettings, Policy
+from evotrainer.records.history import proposal_of
 
 from tests.loop_runs import mlflow_runs, tiny_cfg
 
@@ -196,7 +197,7 @@ def test_a_merge_child_is_trained_gated_against_its_control_and_recorded(merged_
     assert child.decision and child.decision["spend"]["control"] is not None
     assert child.decision["spend"]["control"]["train_steps"] == len(exp.vdir(control).steps())
     assert any(f"{cid} vs {control}" in e for e in exp.state.events)
-    assert next(h for h in exp.state.history if h.get("child") == cid)["merge"] == [a, b]
+    assert proposal_of(exp.state.history, cid).merge == [a, b]
     runs = {r.data.tags["evotrainer.version_id"]: r for r in mlflow_runs(run_dir)}
     tags = runs[cid].data.tags
     assert tags["evotrainer.parents"] == f"{a},{b}" and tags["evotrainer.operator"] == "merge"
@@ -237,6 +238,6 @@ def test_a_merge_that_cannot_be_made_is_logged_and_recorded(tmp_path):
     live = list(exp.state.live)
     assert propose_merge(exp, a, b, 2) is None
     assert exp.state.live == live
-    assert exp.state.history[-1]["outcome"] == "merge_refused" and "r 16 vs 2" in exp.state.history[-1]["reason"]
+    assert exp.state.history[-1].outcome == "merge_refused" and "r 16 vs 2" in exp.state.history[-1].reason
     assert any(f"no merge child of {a} and {b}" in e for e in exp.state.events)
     exp.close()

@@ -9,6 +9,7 @@ import pytest
 from evotrainer.genome import HarnessProgram, reference_program
 from evotrainer.operators import Evidence, OperatorError, get_operator, run_operator
 from evotrainer.operators.llm_client import LocalClient, TokenBudget
+from evotrainer.records.history import proposals
 
 REPORT = {
     "metrics": {"dead_group_ratio": 0.92, "reward_spread": 0.02, "correct_rate": 0.02},
@@ -89,7 +90,7 @@ def test_a_loop_whose_every_proposal_is_rejected_says_so_at_the_end(tmp_path):
         exp.print_summary(Console(file=out, width=300))
     finally:
         exp.close()
-    rejected = [h for h in exp.state.history if h.get("outcome") == "operator_rejected"]
+    rejected = [h for h in proposals(exp.state.history) if h.outcome == "operator_rejected"]
     assert rejected and not any(exp.vdir(v).meta().operator for v in exp.versions())
     assert f"no child was made: all {len(rejected)} proposal(s) were rejected by their operators" in out.getvalue()
     assert sum("llm_diff proposal for v0000 rejected" in e for e in exp.state.events) >= 1

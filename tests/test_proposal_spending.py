@@ -11,6 +11,7 @@ from evotrainer.genome import reference_program as reference
 from evotrainer.loop.experiment import Experiment
 from evotrainer.loop.stages.proposals import children_the_budget_allows, compound, promoted_factors, propose_compound, refuted
 from evotrainer.operators import Evidence, get_operator
+from evotrainer.records.history import Outcome, ProposalRecord
 from evotrainer.testing.learning_harness import always_learns
 
 from tests.loop_runs import tiny_cfg
@@ -33,7 +34,7 @@ def test_an_entry_refuted_from_a_parent_harness_is_not_offered_for_it_again():
 
 def test_what_counts_as_refuted_on_fitness(tmp_path):
     exp = Experiment(parse_config(tiny_cfg(tmp_path / "run")))
-    exp.state.history = [
+    exp.state.history = [ProposalRecord(0, "v0", **{**d, "outcome": Outcome(d["outcome"])}) for d in [
         {"entry": "a", "child": "v1", "parent_hash": "p", "outcome": "rejected"},
         {"entry": "b", "child": "v2", "parent_hash": "p", "outcome": "kept", "paired_delta": 0.0},
         {"entry": "c", "child": "v3", "parent_hash": "p", "outcome": "kept", "paired_delta": 0.05},
@@ -41,7 +42,7 @@ def test_what_counts_as_refuted_on_fitness(tmp_path):
         {"entry": "e", "child": "v5", "parent_hash": "p", "outcome": "invalid"},
         {"entry": "f", "parent_hash": "p", "outcome": "backtest_rejected"},    # never trained: no fitness verdict
         {"entry": "g", "child": "v6", "parent_hash": "q", "outcome": "pruned", "paired_delta": -0.1},
-    ]
+    ]]
     assert refuted(exp) == {"p:a", "p:b", "p:e", "q:g"}
     exp.close()
 
@@ -92,8 +93,8 @@ def test_operators_are_credited_for_promotions_only(tmp_path):
     from evotrainer.loop.knowledge.operator_mix import operator_mix
 
     cfg = parse_config(tiny_cfg(tmp_path / "run", operators={"library": 1.0, "knobs": 1.0}))
-    history = [{"operator": "library", "entry": "more_generations", "outcome": "rejected",
-                "hypothesis_verdict": "confirmed"}] * 3
+    history = [ProposalRecord(1, "v0000", operator="library", entry="more_generations", outcome=Outcome.REJECTED,
+                              hypothesis_verdict="confirmed")] * 3
     mix = operator_mix(cfg, tmp_path, None, history)
     assert mix.outcomes["library"] == [0, 3]           # a confirmed mechanism is not a fitness win
     assert mix.entry_weights["more_generations"] < 0.5

@@ -120,8 +120,8 @@ def test_a_child_the_backtest_confirms_is_one_factor_from_its_parent_and_pending
     assert result["before"]["heldout_spearman_reward_outcome"] is None   # the held-out draw was replayed too
     assert result["after"]["heldout_spearman_reward_outcome"] == pytest.approx(0.57735, abs=1e-4)
     (record,) = run.state.history
-    assert record["outcome"] == "accepted" and record["child"] == cid and record["entry"] == ENTRY.id
-    assert record["parent_hash"] == run.parent.hash and record["expected"]["metric"] == "dead_group_ratio"
+    assert record.outcome == "accepted" and record.child == cid and record.entry == ENTRY.id
+    assert record.parent_hash == run.parent.hash and record.expected["metric"] == "dead_group_ratio"
     assert run.said == ["gen 1: library proposed v0001 from v0000 (hook:reward)"]
     assert run.spent == ["propose_seconds", "backtest_seconds"] and run.saves == 1
     assert run.mix.stats["library"].accepted == 1
@@ -132,8 +132,8 @@ def test_a_child_the_backtest_refutes_is_recorded_and_never_created(tmp_path):
     assert propose_child(run.inputs, "v0000", ["v0000"], 1, cases=[]) is None
     assert run.versions.ids() == ["v0000"] and run.state.live == [] and run.state.next_id == 1
     (record,) = run.state.history
-    assert record["outcome"] == "backtest_rejected" and record["entry"] == ENTRY.id
-    assert any("dead_group_ratio" in r and "MISSED" in r for r in record["reasons"]), record["reasons"]
+    assert record.outcome == "backtest_rejected" and record.entry == ENTRY.id
+    assert any("dead_group_ratio" in r and "MISSED" in r for r in record.reasons), record.reasons
     assert len(run.said) == 1 and run.said[0].startswith("gen 1: library child of v0000 rejected by backtest:")
     assert run.spent == ["propose_seconds", "backtest_seconds"] and run.saves == 1
 
@@ -142,7 +142,7 @@ def test_an_entry_refuted_on_fitness_from_this_harness_is_not_proposed_again(tmp
     run = Run(tmp_path, VARYING, refuted={f"{reference_program().hash}:{ENTRY.id}"})
     assert propose_child(run.inputs, "v0000", ["v0000"], 1, cases=[]) is None
     (record,) = run.state.history
-    assert record["outcome"] == "operator_rejected" and record["parent"] == "v0000"
+    assert record.outcome == "operator_rejected" and record.parent == "v0000"
     assert run.said and all("library proposal for v0000 rejected" in m for m in run.said)   # each attempt
     assert run.spent == ["propose_seconds"] and run.versions.ids() == ["v0000"]   # the time is charged still
 

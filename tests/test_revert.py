@@ -13,6 +13,7 @@ from evotrainer.fitness.gate_config import gate_config
 from evotrainer.loop.experiment import Experiment
 from evotrainer.genome.program import reference_program
 from evotrainer.records.rollout import Rollout
+from evotrainer.records.history import RevertRecord
 from evotrainer.loop.stages.revert import apply_revert, plan_reverts, revert_target
 
 from tests.loop_runs import tiny_cfg
@@ -64,13 +65,13 @@ def test_a_clear_regression_reverts_to_the_best_ancestor_and_noise_does_not(tmp_
     # What the select stage does: plan (writing nothing), save the plan, then apply it.
     survivors, reverts = plan_reverts(exp.run_versions, ["v0002", "v0003"], 2, gate_config(exp.cfg))
     assert survivors == ["v0001", "v0003"]
-    assert [(r["generation"], r["parent"], r["outcome"], r["to"]) for r in reverts] == [(3, "v0002", "reverted", "v0001")]
+    assert [(r.generation, r.parent, r.outcome, r.to) for r in reverts] == [(3, "v0002", "reverted", "v0001")]
     assert "reverted_to" not in (exp.vdir("v0002").meta().decision or {})
     for _ in range(2):   # idempotent: a resumed select stage applies the saved plan again
         apply_revert(exp.run_versions, reverts[0])
     meta = exp.vdir("v0002").meta()
     assert meta.decision["reverted_to"] == "v0001" and "CI lower bound" in meta.decision["revert_reason"]
-    assert meta.decision["revert_reason"] == reverts[0]["reason"]
+    assert meta.decision["revert_reason"] == reverts[0].reason
 
 
 def test_the_select_stage_reverts_and_the_next_generation_continues_the_ancestor(tmp_path):
@@ -79,7 +80,7 @@ def test_the_select_stage_reverts_and_the_next_generation_continues_the_ancestor
     exp.run_generation()
     s = exp.state
     assert s.survivors == ["v0001", "v0003"] and exp.vdir("v0002").meta().status == "pruned"
-    assert [(h["parent"], h["to"]) for h in s.history if h.get("outcome") == "reverted"] == [("v0002", "v0001")]
+    assert [(h.parent, h.to) for h in s.history if isinstance(h, RevertRecord)] == [("v0002", "v0001")]
     assert exp.vdir("v0002").meta().decision["reverted_to"] == "v0001"
     new = {exp.vdir(v).meta().parents[0]: exp.vdir(v).meta() for v in s.live}
     revert = new["v0001"]
@@ -126,7 +127,7 @@ def test_a_crash_inside_the_select_stage_keeps_the_revert_on_resume(tmp_path, mo
     # resumed selection never saw it, and the revert to v0001 was lost.
     assert s.survivors == ["v0001", "v0003"] and again.vdir("v0002").meta().status == "pruned"
     assert again.vdir("v0002").meta().decision["reverted_to"] == "v0001"
-    assert [h["to"] for h in s.history if h.get("outcome") == "reverted"] == ["v0001"]
+    assert [h.to for h in s.history if isinstance(h, RevertRecord)] == ["v0001"]
     assert sorted(again.vdir(v).meta().parents[0] for v in s.live) == ["v0001", "v0003"]
 
 

@@ -17,6 +17,8 @@ import pytest
 from evotrainer.cli.app import main
 from evotrainer.config import parse_config
 from evotrainer.loop.knowledge.skills import SkillLibrary
+from evotrainer.records import history
+from evotrainer.records.history import from_dict
 from evotrainer.records.run_dir import RunDirError, claim
 from evotrainer.records.run_state import RunState, load_state, save_state
 from evotrainer.records.version import BranchVersion, VersionDir, write_atomic
@@ -64,13 +66,13 @@ class RunWriter:
                 record["entry"] = entry
             if operator == "crossover":
                 record["compound"] = factor
-            self.state.history.append(record)
+            self.state.history.append(from_dict(record))
         if skill:
             self.skills.record_confirmed(intervention, decision, self.domain, {}, version=vid, parent=parent)
         return vid
 
     def record(self, **record) -> None:
-        self.state.history.append(record)
+        self.state.history.append(from_dict(record))
 
     def finish(self, final: str | None) -> Path:
         self.state.final = {"version": final, "test_accuracy": 0.5} if final else None
@@ -226,7 +228,7 @@ def test_real_tiny_runs_of_two_domains(tmp_path, capsys):
         domain = json.loads((run / "config.json").read_text())["domain"]["name"]
         rows = [r for r in data["rows"] if r["domain"] == domain]
         metas = [BranchVersion.load(p) for p in (run / "versions").iterdir()]
-        proposals = [h for h in state.history if h.get("factor") and h.get("outcome") != "reverted"]
+        proposals = [h for h in history.proposals(state.history) if h.factor]
         assert proposals, "the library and knob operators proposed"
         assert sum(r["proposed"] for r in rows) == len(proposals)
         assert sum(r["children"] for r in rows) == sum(m.operator is not None for m in metas)

@@ -16,6 +16,7 @@ from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.library import SINGLE_TURN_ONLY, LibraryOperator, default_entries
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.records.version import VersionDir
+from evotrainer.records.history import proposals
 from tests.loop_runs import check_invariants, mlflow_runs
 
 SWE_METRICS = ("turns_mean", "tool_failure_rate", "tool_calls_per_turn", "self_test_rate", "edit_rate", "submit_rate")
@@ -86,8 +87,8 @@ def test_evolve_swe_runs_the_loop_with_children_on_swe_reports(tmp_path, capsys,
 
     # The operators read the SWE report: a single-turn library entry fires on it (every episode ends at
     # the turn limit, so truncation_rate is 1) but is never proposed, and the reason is logged.
-    proposed = [h for h in state.history if h.get("entry")]
-    assert proposed and not SINGLE_TURN & {h["entry"] for h in proposed}, proposed
+    proposed = [h for h in proposals(state.history) if h.entry]
+    assert proposed and not SINGLE_TURN & {h.entry for h in proposed}, proposed
     assert any(SINGLE_TURN_ONLY in rec.getMessage() for rec in caplog.records)
     report = json.loads((seed.path / "health.json").read_text())
     found, skipped = LibraryOperator().applicable(HarnessProgram(seed.genome_source()), Evidence(health_report=report))

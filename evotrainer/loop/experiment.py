@@ -47,6 +47,7 @@ from evotrainer.loop.seed import seed_program
 from evotrainer.loop.tools.validate import validate_resources
 from evotrainer.loop.versions import new_version
 from evotrainer.records import run_dir as rundir
+from evotrainer.records.history import RevertRecord, from_dict, to_dict
 from evotrainer.records.run_state import STAGES, RunState, load_state, save_state
 from evotrainer.records.version import SETTLED, Status, VersionDir, read_json, write_atomic
 from evotrainer.tracking.lineage import LineageTracker
@@ -206,19 +207,19 @@ class Experiment:
                 survivors = [v for v in s.survivors if self.vdir(v).path.is_dir()]
                 self.say(f"gen {g}: no version was trained; the survivors of the last selection stand")
             survivors = narrow_to_exploit(self, g, cands, survivors)
-            reverts: list[dict] = []
+            reverts: list[RevertRecord] = []
             if self.cfg.evolution.revert:
                 survivors, reverts = plan_reverts(self.run_versions, survivors, g, gate_config(self.cfg), self.say)
             note_selection(self, g, survivors)
-            plan = {"generation": g, "survivors": survivors, "reverts": reverts,
+            plan = {"generation": g, "survivors": survivors, "reverts": [to_dict(r) for r in reverts],
                     "prune": [c.version_id for c in cands if c.version_id not in survivors]}
             s.selection, s.survivors = plan, list(survivors)
             s.history.extend(reverts)
             self.save()
             crash_point("select:planned")
-        for r in plan["reverts"]:
+        for r in map(from_dict, plan["reverts"]):
             apply_revert(self.run_versions, r)
-            self.say(f"gen {g}: {r['parent']} regressed from {r['to']}; reverting to it ({r['reason'][:80]})")
+            self.say(f"gen {g}: {r.parent} regressed from {r.to}; reverting to it ({r.reason[:80]})")
         for vid in plan["prune"]:
             if self.vdir(vid).meta().status != Status.PRUNED:
                 self.set_status(vid, Status.PRUNED)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evotrainer.records.history import HistoryRecord, from_dict, to_dict
 from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.version import read_json, write_atomic
 
@@ -38,7 +39,7 @@ class RunState:
     approvals: dict[str, str] = field(default_factory=dict)
     gates: dict[str, dict[str, Any]] = field(default_factory=dict)
     operator_stats: dict[str, Any] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)  # interventions and their outcomes
+    history: list[HistoryRecord] = field(default_factory=list)  # proposals, reverts, decisions (records/history.py)
     final: dict[str, Any] | None = None   # the final pick and its test-split score (loop/stages/final_pick.py)
     start: dict[str, Any] | None = None   # the untrained model's held-out scores (loop/stages/start.py)
     events: list[str] = field(default_factory=list)
@@ -57,7 +58,9 @@ def state_path(run_dir: str | Path) -> Path:
 
 
 def save_state(run_dir: str | Path, state: RunState) -> None:
-    write_atomic(state_path(run_dir), json.dumps(asdict(state), indent=2, sort_keys=True))
+    data = asdict(state)
+    data["history"] = [to_dict(h) for h in state.history]
+    write_atomic(state_path(run_dir), json.dumps(data, indent=2, sort_keys=True))
 
 
 def load_state(run_dir: str | Path) -> RunState:
@@ -72,6 +75,11 @@ def load_state(run_dir: str | Path) -> RunState:
     except TypeError as e:
         raise RunDirError(f"{path}: not a run state ({e}); restore the file or start a new run") from None
     wrong = _wrong_types(state)
+    if not wrong:
+        try:
+            state.history = [from_dict(h) for h in state.history]
+        except (TypeError, ValueError) as e:
+            wrong = [f"history: {e}"]
     if wrong:
         raise RunDirError(f"{path}: not a run state ({'; '.join(wrong)}); the file is damaged: restore it, or "
                           "start a new run")

@@ -38,12 +38,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from evotrainer.records.run_dir import RunDirError, kind_of, require
+from evotrainer.records.history import Outcome, ProposalRecord, proposals
 from evotrainer.records.run_state import load_state
 from evotrainer.records.version import BranchVersion, read_json
 from evotrainer.tracking.plots import CMAP, save_png
 
 START = "start"   # state.final's version when the untrained model is the pick (loop/stages/start.py)
-NOT_INTERVENTIONS = {"reverted", "operator_rejected"}   # history records that name no proposed change
 GROUPINGS = ("intervention", "factor")
 
 
@@ -173,15 +173,14 @@ def read_run(run_dir: str | Path) -> RunStrategies:
             latest.setdefault(v.factor or vid, vid)
     retained = set(latest.values())
 
-    children: dict[str, dict[str, Any]] = {}
-    for h in state.history:
-        if h.get("outcome") in NOT_INTERVENTIONS or not (h.get("factor") or h.get("entry")):
+    children: dict[str, ProposalRecord] = {}
+    for h in proposals(state.history):   # (operator_rejected ones name no change that was made)
+        if h.outcome == Outcome.OPERATOR_REJECTED or not (h.factor or h.entry):
             continue
-        if h.get("child"):
-            children[h["child"]] = h
-        name = str(h["entry"]) if h.get("entry") else family(h.get("factor"))
-        result.proposals.append(Proposal(name=name, factor=family(h.get("factor")), operator=h.get("operator"),
-                                         outcome=h.get("outcome"), child=h.get("child")))
+        if h.child:
+            children[h.child] = h
+        result.proposals.append(Proposal(name=h.entry or family(h.factor), factor=family(h.factor),
+                                         operator=h.operator, outcome=str(h.outcome), child=h.child))
     for vid, v in versions.items():          # a child the history lost (a crash before the state save)
         if v.operator is not None and vid not in children:
             result.notes.append(f"{vid} is a child the history does not list; counted from its meta.json")

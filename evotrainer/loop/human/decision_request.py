@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from evotrainer.config import HUMAN_GATE_POINTS
 from evotrainer.loop.stages.gating import gate_line
+from evotrainer.records.history import human_records
 
 if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
@@ -27,8 +28,8 @@ class Pending:
 
 def notes_for(exp: Experiment, vid: str) -> list[str]:
     """A person's notes on ``vid``'s diagnosis (revise at diagnosis): operators see them as alerts."""
-    return [h["note"] for h in exp.state.history
-            if h.get("human_gate") == "diagnosis" and h.get("version") == vid and h.get("note")]
+    return [h.note for h in human_records(exp.state.history)
+            if h.point == "diagnosis" and h.version == vid and h.note]
 
 
 COMMANDS = {

@@ -20,6 +20,7 @@ from evotrainer.loop.stages.proposals import backtest_child
 from evotrainer.operators import Evidence, OperatorError
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.intervention import Intervention
+from evotrainer.records.history import HumanRecord, Outcome, proposal_of
 from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.version import Status, write_atomic
 
@@ -82,7 +83,7 @@ def abort(exp: Experiment, ids: list[str] | None = None, reason: str = "", by: s
             vd.save_meta(meta)
             if vid in s.live and point != "completion":
                 s.live.remove(vid)
-                history_outcome(exp, vid, "aborted", reason=reason)
+                history_outcome(exp, vid, Outcome.ABORTED, reason=reason)
         exp.record(vid)
     survivors = [v for v in ids if point_of(exp, v) == "diagnosis"]
     if survivors:
@@ -184,9 +185,9 @@ def _revise_child(exp: Experiment, vid: str, point: str, genome: Path | None, hy
     program = HarnessProgram(iv.child_source)
     meta.genome_hash, meta.knobs, meta.factor, meta.intervention = program.hash, program.knob_values, iv.factor, iv.to_dict()
     vd.save_meta(meta)
-    for h in exp.state.history:
-        if h.get("child") == vid:
-            h.update(factor=iv.factor, hypothesis=iv.hypothesis, revised=True)
+    record = proposal_of(exp.state.history, vid)
+    if record is not None:
+        record.factor, record.hypothesis, record.revised = iv.factor, iv.hypothesis, True
 
 
 def _keep_revision(vd) -> str:
@@ -225,8 +226,8 @@ def _record(exp: Experiment, vid: str, point: str, action: str, reason: str, by:
     meta.decision["human"] = list(meta.decision.get("human") or []) + [entry]
     vd.save_meta(meta)
     gen = (exp.state.gates.get(vid) or {}).get("generation", meta.generation)
-    exp.state.history.append({"generation": gen, "human_gate": point, "version": vid,
-                              **{k: v for k, v in entry.items() if k != "point"}})
+    exp.state.history.append(HumanRecord(gen, point, vid, action, entry["by"], entry["at"], reason,
+                                         note=extra.pop("note", None), extra=extra))
     exp.say(f"{vid}: {action} at the {point} gate by {entry['by']}" + (f": {reason}" if reason else ""))
 
 

@@ -20,7 +20,7 @@ continues at the same point; the stages skip what is decided, so no work is repe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from evotrainer.config import HUMAN_GATE_POINTS
 from evotrainer.loop.human.decision_request import REQUEST_FILE, Pending, request_text
@@ -28,6 +28,7 @@ from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.stages.gating import gate_version
 from evotrainer.loop.stages.proposals import backtest_child
 from evotrainer.operators.intervention import Intervention
+from evotrainer.records.history import Outcome, proposal_of
 from evotrainer.records.run_state import RunState
 from evotrainer.records.version import Status, write_atomic
 
@@ -183,7 +184,7 @@ def _backtest_designed(exp: Experiment, vid: str) -> None:
             meta.status = Status.REJECTED
             meta.decision = {**(meta.decision or {}), "reasons": [f"backtest: {r}" for r in backtested.reasons[:5]]}
             vd.save_meta(meta)
-            history_outcome(exp, vid, "backtest_rejected", reasons=backtested.reasons[:5])
+            history_outcome(exp, vid, Outcome.BACKTEST_REJECTED, reasons=backtested.reasons[:5])
             s.live.remove(vid)
             exp.record(vid)
             exp.say(f"gen {meta.generation}: {vid} rejected by backtest after design approval: "
@@ -206,10 +207,13 @@ def holds_completion(exp: Experiment, vid: str) -> bool:
     return meta.operator is not None and gated and not decided(exp, vid, "completion", meta.generation)
 
 
-def history_outcome(exp: Experiment, vid: str, outcome: str, **extra: Any) -> None:
-    for h in exp.state.history:
-        if h.get("child") == vid:
-            h.update(outcome=outcome, **extra)
+def history_outcome(exp: Experiment, vid: str, outcome: Outcome, reason: str | None = None,
+                    reasons: list[str] | None = None) -> None:
+    """What became of child ``vid`` before it trained, on its proposal's record."""
+    record = proposal_of(exp.state.history, vid)
+    if record is not None:
+        record.outcome = outcome
+        record.reason, record.reasons = reason or record.reason, reasons or record.reasons
 
 
 def set_status(exp: Experiment, vid: str, status: str, record: bool = True) -> None:

@@ -12,8 +12,8 @@ from evotrainer.config import MODE_OPERATORS, Config
 from evotrainer.operators.entry_prior import prior_weights
 from evotrainer.operators.llm_client import LocalClient, OpenAIClient, TokenBudget, proposal_deadline
 from evotrainer.operators.registry import OperatorMix
+from evotrainer.records.history import GATED, HistoryRecord, Outcome, proposals
 
-GATED = ("promoted", "kept", "rejected", "invalid")   # history outcomes a gate decided
 
 
 class DeadlineMix(OperatorMix):
@@ -28,7 +28,7 @@ class DeadlineMix(OperatorMix):
             return super().propose(parents, evidence, attempts, on_reject=on_reject)
 
 
-def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: list[dict] = (),
+def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: list[HistoryRecord] = (),
                  say: Callable[[str], None] | None = None) -> OperatorMix:
     ev = cfg.evolution
     weights = MODE_OPERATORS.get(ev.mode) or dict(ev.operators)
@@ -55,8 +55,7 @@ def operator_mix(cfg: Config, run_dir: Path, llm_budget: TokenBudget, history: l
                             "n_startup_trials": ev.knobs_startup_trials}
     mix = DeadlineMix(weights, seed=cfg.seed, shared=shared, kwargs_by_name=by_name,
                       repair="llm_repair" in weights, proposal_timeout_s=llm.proposal_timeout_s)
-    for h in history:   # the bandit resumes from what earlier generations' gates said
-        if h.get("operator") in weights and h.get("outcome") in GATED:
-            mix.credit(h["operator"], h["outcome"] == "promoted",
-                       entry=h.get("entry"))
+    for h in proposals(history):   # the bandit resumes from what earlier generations' gates said
+        if h.operator in weights and h.outcome in GATED:
+            mix.credit(h.operator, h.outcome == Outcome.PROMOTED, entry=h.entry)
     return mix

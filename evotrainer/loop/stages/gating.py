@@ -23,6 +23,7 @@ from evotrainer.fitness.hypothesis import judge_effect
 from evotrainer.fitness.labels import LabelStore
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.run_versions import RunVersions
+from evotrainer.records.history import HistoryRecord, Outcome, proposal_of
 from evotrainer.records.outcome import GateListener, GateOutcome
 from evotrainer.records.version import BranchVersion, Status, VersionDir, write_atomic
 
@@ -39,7 +40,7 @@ class GateInputs:
     config: GateConfig
     keep_ties: bool                 # evolution.keep_ties: a tie lives on as a branch of its own
     domain: str                     # a confirmed skill records the domain it was confirmed on
-    history: list[dict]             # the run state's history: the gate fills in its children's outcomes
+    history: list[HistoryRecord]    # the run state's history: the gate fills in its children's outcomes
     listeners: tuple[GateListener, ...] = ()   # told each child's outcome: the skill library, the operator mix
     labels: LabelStore | None = None   # where a validity gap (a check the harness missed) is recorded
     timed: Callable[[str], ContextManager[None]] = _untimed   # Budgets.timed: where the run's time went
@@ -122,8 +123,8 @@ def finish_gate(run: GateInputs, vd: VersionDir, meta: BranchVersion, control: s
     history, the skills. Skipped once the run state's history records the outcome: each effect is
     idempotent except the bandit's in-memory count, which is replayed from that same history."""
     write_atomic(vd.path / "decision.json", json.dumps(meta.decision, indent=2, default=str))
-    entry = next((h for h in run.history if h.get("child") == meta.id), None)
-    if entry is not None and entry.get("outcome") == meta.status:
+    record = proposal_of(run.history, meta.id)
+    if record is not None and record.outcome == meta.status:
         return
     after_gate(run, meta, control)
 
@@ -182,11 +183,10 @@ def after_gate(run: GateInputs, meta: BranchVersion, control: str | None) -> Non
         verdict=(meta.hypothesis or {}).get("verdict"), domain=run.domain, intervention=meta.intervention,
         decision=meta.decision or {},
         parent_report=run.versions.vdir(meta.parents[0]).path / "health.json" if meta.parents else None)
-    for h in run.history:
-        if h.get("child") == meta.id:
-            h["outcome"] = outcome.status
-            h["heldout_accuracy"] = outcome.heldout_accuracy
-            h["paired_delta"] = outcome.paired_delta
-            h["hypothesis_verdict"] = outcome.verdict
+    record = proposal_of(run.history, meta.id)
+    if record is not None:   # (a child the history lost in a crash is still told to the listeners)
+        record.outcome = Outcome(outcome.status)
+        record.heldout_accuracy, record.paired_delta = outcome.heldout_accuracy, outcome.paired_delta
+        record.hypothesis_verdict = outcome.verdict
     for listener in run.listeners:
         listener.observe(outcome)

@@ -38,6 +38,8 @@ from evotrainer.operators import OperatorError
 from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
 from evotrainer.policy.adapter_merge import AdapterMergeError, check_compatible, check_settings, merge_adapters
+from evotrainer.records import history
+from evotrainer.records.history import Outcome, ProposalRecord
 from evotrainer.records.version import BranchVersion, VersionDir
 
 if TYPE_CHECKING:
@@ -64,7 +66,7 @@ def merge_pair(exp: Experiment, survivors: list[str]) -> tuple[str, str] | None:
 
     ranked = sorted((v for v in dict.fromkeys(survivors) if usable(v)),
                     key=lambda v: -rank_score(exp.vdir(v).meta().metrics))
-    done = {tuple(h["merge"]) for h in exp.state.history if h.get("merge")}
+    done = {tuple(h.merge) for h in history.proposals(exp.state.history) if h.merge}
     return next(((a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if (a, b) not in done), None)
 
 
@@ -85,15 +87,15 @@ def propose_merge(exp: Experiment, a: str, b: str, generation: int) -> str | Non
     (``proposals.admit``), then its start adapter merged from both parents' adapters. Returns its id,
     or None with the reason in the history and the log."""
     settings = exp.cfg.evolution.merge or MergeConfig()
-    record = {"generation": generation, "parent": a, "parent_hash": exp.vdir(a).meta().genome_hash,
-              "merge": [a, b], "combination": settings.combination}
+    record = ProposalRecord(generation, a, exp.vdir(a).meta().genome_hash, merge=[a, b],
+                            combination=settings.combination)
     try:
         check_settings(settings.combination, settings.weights, settings.density)
         check_compatible(exp.vdir(a).adapter_dir, exp.vdir(b).adapter_dir)
         iv = merge_intervention(exp, a, b, generation, settings)
     except (AdapterMergeError, OperatorError) as e:
         reason = e.reason if isinstance(e, OperatorError) else str(e)
-        exp.state.history.append({**record, "outcome": "merge_refused", "reason": reason[:300]})
+        exp.state.history.append(dataclasses.replace(record, outcome=Outcome.MERGE_REFUSED, reason=reason[:300]))
         exp.say(f"gen {generation}: no merge child of {a} and {b}: {reason[:200]}")
         exp.save()
         return None

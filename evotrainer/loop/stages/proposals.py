@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from evotrainer.fitness.backtest import BacktestResult, backtest
@@ -28,6 +28,7 @@ from evotrainer.operators import Evidence, OperatorError
 from evotrainer.operators.intervention import Intervention
 from evotrainer.operators.registry import OperatorMix
 from evotrainer.operators.triggers import report_metrics
+from evotrainer.records.history import Outcome, ProposalRecord, proposals, to_dict
 from evotrainer.records.run_state import RunState
 from evotrainer.records.version import Status, write_atomic
 
@@ -71,7 +72,7 @@ def evidence_for(exp: Experiment, vid: str) -> Evidence:
     skills = list({s.id: s.prompt_dict() for s in reversed(found)}.values())[::-1][:3]   # run's first, no repeats
     known = {exp.vdir(v).meta().genome_hash for v in exp.versions()}
     gaps = [dict(vars(g)) for g in exp.labels.gaps[-5:]]
-    return Evidence(health_report=report, skills=skills, history=exp.state.history[-20:], known_hashes=known,
+    return Evidence(health_report=report, skills=skills, history=[to_dict(h) for h in exp.state.history[-20:]], known_hashes=known,
                     allow_multi_factor=exp.cfg.evolution.allow_multi_factor, gaps=gaps, refuted=refuted(exp),
                     adapter_trained=lineage_trained(exp, vid))
 
@@ -95,14 +96,11 @@ def lineage_trained(exp: Experiment, vid: str) -> bool:
 def refuted(exp: Experiment) -> set[str]:
     """``parent genome hash:entry`` of the library interventions whose children lost on fitness."""
     out = set()
-    for h in exp.state.history:
-        entry, outcome, delta = h.get("entry"), h.get("outcome"), h.get("paired_delta")
-        lost = outcome in ("rejected", "invalid") or (outcome in ("kept", "pruned") and delta is not None
-                                                      and delta <= 0)
-        if entry and lost and h.get("child"):
-            parent_hash = h.get("parent_hash") or _genome_hash(exp, h.get("parent"))
+    for h in proposals(exp.state.history):
+        if h.entry and h.lost and h.child:
+            parent_hash = h.parent_hash or _genome_hash(exp, h.parent)
             if parent_hash:
-                out.add(f"{parent_hash}:{entry}")
+                out.add(f"{parent_hash}:{h.entry}")
     return out
 
 
@@ -180,7 +178,7 @@ def propose_child(run: ProposalInputs, pid: str, survivors: list[str], generatio
     second = next((s for s in survivors if run.versions.vdir(s).meta().genome_hash != parent.genome_hash), None)
     if second:
         programs.append(HarnessProgram(run.versions.vdir(second).genome_source(), name=f"{second}/genome.py"))
-    record = {"generation": generation, "parent": pid, "parent_hash": parent.genome_hash}
+    record = ProposalRecord(generation, pid, parent.genome_hash)
     t0 = time.perf_counter()
     try:
         iv = run.operators().propose(programs, run.evidence(pid), attempts=3,
@@ -188,7 +186,7 @@ def propose_child(run: ProposalInputs, pid: str, survivors: list[str], generatio
                                          f"gen {generation}: {name} proposal for {pid} rejected ({err.kind}): "
                                          f"{err.reason[:160]}"))
     except OperatorError as e:
-        run.state.history.append({**record, "outcome": "operator_rejected", "kind": e.kind, "reason": e.reason[:300]})
+        run.state.history.append(replace(record, outcome=Outcome.OPERATOR_REJECTED, kind=e.kind, reason=e.reason[:300]))
         run.save()   # (each rejected attempt is already in the event log, through on_reject)
         return None
     finally:
@@ -208,21 +206,21 @@ def backtest_child(run: ProposalInputs, iv: Intervention, pid: str, cases: list 
     return backtested
 
 
-def admit(run: ProposalInputs, iv: Intervention, pid: str, extra_parents: list[str], record: dict, generation: int,
+def admit(run: ProposalInputs, iv: Intervention, pid: str, extra_parents: list[str], record: ProposalRecord, generation: int,
           cases: list) -> str | None:
     """Backtests an intervention on ``pid``'s cached rollouts and, if it passes, makes it a pending
     child; the history records either outcome. Under a human gate at design the child waits before its
     backtest (which runs once a person approves, ``loop/human/human_gate.py``), at backtest after it."""
     state = run.state
-    record.update(operator=iv.operator, factor=iv.factor, hypothesis=iv.hypothesis,
-                  expected=iv.expected_effect.to_dict() if iv.expected_effect else None,
-                  **({"entry": iv.details["entry"]} if iv.details.get("entry") else {}))
+    record = replace(record, operator=iv.operator, factor=iv.factor, hypothesis=iv.hypothesis,
+                     expected=iv.expected_effect.to_dict() if iv.expected_effect else None,
+                     entry=iv.details.get("entry") or None)
     gate = next((p for p in ("design", "backtest") if p in run.human_gate), None)
     backtested = None
     if run.backtest and gate != "design":
         backtested = backtest_child(run, iv, pid, cases)
         if not backtested.accept:
-            state.history.append({**record, "outcome": "backtest_rejected", "reasons": backtested.reasons[:5]})
+            state.history.append(replace(record, outcome=Outcome.BACKTEST_REJECTED, reasons=backtested.reasons[:5]))
             run.say(f"gen {generation}: {iv.operator} child of {pid} rejected by backtest: {backtested.reasons[:1]}")
             run.save()
             return None
@@ -231,7 +229,7 @@ def admit(run: ProposalInputs, iv: Intervention, pid: str, extra_parents: list[s
                         factor=iv.factor, intervention=iv.to_dict(), extra_parents=extra_parents, status=status)
     if backtested is not None:
         write_atomic(run.versions.vdir(cid).path / "backtest.json", backtested.to_json())
-    state.history.append({**record, "outcome": "accepted", "child": cid})
+    state.history.append(replace(record, outcome=Outcome.ACCEPTED, child=cid))
     state.live.append(cid)
     if gate:   # the decision is opened here, with the child, so a crash cannot leave one without it
         state.approvals[cid] = "pending"
@@ -249,11 +247,11 @@ def propose_compound(exp: Experiment, pid: str, other: str, factor: str, generat
     run = exp.proposal_inputs()
     parent = run.versions.vdir(pid).meta()
     programs = [HarnessProgram(run.versions.vdir(v).genome_source(), name=f"{v}/genome.py") for v in (pid, other)]
-    record = {"generation": generation, "parent": pid, "parent_hash": parent.genome_hash, "compound": factor}
+    record = ProposalRecord(generation, pid, parent.genome_hash, compound=factor)
     try:
         iv = CrossoverOperator(seed=exp.cfg.seed + generation, factor=factor).propose(programs, run.evidence(pid))
     except OperatorError as e:
-        run.state.history.append({**record, "outcome": "operator_rejected", "kind": e.kind, "reason": e.reason[:300]})
+        run.state.history.append(replace(record, outcome=Outcome.OPERATOR_REJECTED, kind=e.kind, reason=e.reason[:300]))
         run.say(f"gen {generation}: compounding {factor} of {other} into {pid} failed: {e.reason[:160]}")
         return False
     iv.hypothesis = (f"If {pid} takes {factor} (promoted on {other}'s lineage) beside its own promoted factors, "

@@ -17,6 +17,7 @@ from evotrainer.fitness.gate_config import GateConfig
 from evotrainer.fitness.gates import paired_promotion
 from evotrainer.fitness.paired_stats import PairingError, PromotionDecision
 from evotrainer.loop.run_versions import RunVersions
+from evotrainer.records.history import RevertRecord
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.version import SETTLED
 
@@ -73,30 +74,29 @@ def revert_target(versions: RunVersions, vid: str, cfg: GateConfig,
 
 
 def plan_reverts(versions: RunVersions, survivors: list[str], generation: int, cfg: GateConfig,
-                 say: Callable[[str], None] = lambda msg: None) -> tuple[list[str], list[dict]]:
+                 say: Callable[[str], None] = lambda msg: None) -> tuple[list[str], list[RevertRecord]]:
     """(survivors after reverts, one history record per revert), writing nothing: the select stage
     saves the plan with the run state first and applies it after, so a crash in between loses no revert."""
     out: list[str] = []
-    reverts: list[dict] = []
+    reverts: list[RevertRecord] = []
     for sid in survivors:
         target = revert_target(versions, sid, cfg, say)
         if target is None:
             out.append(sid)
             continue
         aid, decision = target
-        reverts.append({"generation": generation + 1, "parent": sid, "operator": "revert", "factor": "revert",
-                        "outcome": "reverted", "to": aid, "reason": decision.reason})
+        reverts.append(RevertRecord(generation + 1, parent=sid, to=aid, reason=decision.reason))
         if aid not in out:
             out.append(aid)
     return out, reverts
 
 
-def apply_revert(versions: RunVersions, revert: dict) -> None:
+def apply_revert(versions: RunVersions, revert: RevertRecord) -> None:
     """Marks the regressed version with the ancestor it was reverted to (idempotent)."""
-    vd = versions.vdir(revert["parent"])
+    vd = versions.vdir(revert.parent)
     meta = vd.meta()
-    if (meta.decision or {}).get("reverted_to") == revert["to"]:
+    if (meta.decision or {}).get("reverted_to") == revert.to:
         return
-    meta.decision = {**(meta.decision or {}), "reverted_to": revert["to"], "revert_reason": revert["reason"]}
+    meta.decision = {**(meta.decision or {}), "reverted_to": revert.to, "revert_reason": revert.reason}
     vd.save_meta(meta)
 

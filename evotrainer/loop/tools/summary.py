@@ -10,6 +10,7 @@ from rich.table import Table
 
 from evotrainer.loop.budgets import TIME_LABELS
 from evotrainer.tracking.view import local_experiment_id, ui_url
+from evotrainer.records.history import Outcome, proposals
 from evotrainer.records.version import Status
 
 if TYPE_CHECKING:
@@ -72,11 +73,11 @@ def print_summary(exp: Experiment, console: Console | None = None) -> None:
             for r in (m.decision or {}).get("reasons", [])[:4]:
                 console.print(f"  {m.id}: {r}")
     s = exp.state
-    judged = [h.get("hypothesis_verdict") for h in s.history if h.get("hypothesis_verdict")]
+    judged = [h.hypothesis_verdict for h in proposals(s.history) if h.hypothesis_verdict]
     if judged:
         console.print("hypotheses judged after training: " + ", ".join(
             f"{judged.count(v)} {v}" for v in ("confirmed", "refuted", "untestable") if judged.count(v)))
-    rejected = sum(1 for h in s.history if h.get("outcome") == "operator_rejected")
+    rejected = sum(1 for h in proposals(s.history) if h.outcome == Outcome.OPERATOR_REJECTED)
     children = sum(1 for v in exp.versions() if exp.vdir(v).meta().operator is not None)
     if rejected and not children:
         console.print(f"[yellow]no child was made: all {rejected} proposal(s) were rejected by their operators; "
