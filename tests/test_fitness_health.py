@@ -138,6 +138,25 @@ def test_calls_without_progress_reads_both_splits(rates, says):
         assert where in found[0]["message"] and found[0]["source"] == "engine"
 
 
+@pytest.mark.parametrize("changed, dead, fires", [
+    (0.0, 0.75, True),     # math-misfit-lr at TRL's 1e-6: live groups, no held-out answer changed
+    (0.0, 1.0, False),     # every group dead: no gradient, nothing to conclude about the step size
+    (0.25, 0.875, False),  # math-learns at 5e-4: a quarter of the answers moved
+])
+def test_an_adapter_that_live_groups_do_not_move_is_a_critical_pointer_to_the_learning_rate(changed, dead, fires):
+    from evotrainer.operators.evidence import Evidence
+    from evotrainer.operators.library import LibraryOperator
+
+    alerts = engine_alerts({"heldout_changed_rate": changed, "dead_group_ratio": dead})
+    found = [a for a in alerts if a["name"] == "adapter_stuck"]
+    assert len(found) == fires
+    weights = LibraryOperator(seed=0).draw_weights(Evidence(health_report={"alerts": alerts}))
+    plain = LibraryOperator(seed=0).draw_weights(Evidence())
+    # the library (and the knobs operator's draw of a knob) weighs the learning-rate entries 9x where it fires
+    assert weights["unstick_learning_rate"] == plain["unstick_learning_rate"] * (9.0 if fires else 1.0)
+    assert weights["more_generations"] == plain["more_generations"]
+
+
 def test_a_compared_version_is_the_base_of_the_delta_and_the_changed_rate(dirs):
     """The loop reports a version against its parent: the held-out delta and the changed rate read the
     parent's held-out outcomes on the same (task, seed) units, not the version's own base record."""

@@ -15,6 +15,7 @@ from evotrainer.records.rollout import Rollout, group_rollouts, last_steps
 from evotrainer.records.scores import correct as outcome
 
 DIVERGENCE = 0.3          # train correctness above held-out accuracy by more than this is suspicious
+STUCK_CHANGED = 0.05      # held-out answers training changed, below which an adapter with live groups is stuck
 
 
 def outcome_flow(before: Sequence[Rollout], after: Sequence[Rollout], before_name: str = "before",
@@ -120,6 +121,16 @@ def engine_alerts(m: dict[str, float | None]) -> list[dict[str, Any]]:
     if idle:
         add("calls_without_progress", "warning", "; ".join(idle),
             "the policy calls tools for their own sake: reward progress (an edit, a test run), not the calls")
+    # Groups had a gradient, yet training changed (almost) no greedy held-out answer: the step is too
+    # small to move the adapter (a full-fine-tuning learning rate on LoRA), so no other change can show
+    # an effect until it moves. With every group dead there was no gradient, and nothing to conclude.
+    changed, dead = m.get("heldout_changed_rate"), m.get("dead_group_ratio")
+    if changed is not None and dead is not None and changed < STUCK_CHANGED and dead < 0.9:
+        add("adapter_stuck", "critical",
+            f"{1 - dead:.0%} of the training groups had a gradient, yet training changed {changed:.0%} of the "
+            "held-out answers",
+            "the update is too small to move the LoRA adapter: raise the learning_rate by orders of magnitude "
+            "(a full fine-tuning rate such as 1e-6 barely moves an adapter)")
     delta = m.get("heldout_delta")
     if delta is not None and delta < -0.1:
         add("heldout_regression", "warning", f"held-out accuracy fell by {-delta:.2f} during training",
