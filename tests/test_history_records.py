@@ -73,3 +73,21 @@ def test_a_state_whose_history_is_damaged_is_refused_naming_the_record(tmp_path)
         state_path(tmp_path).write_text(json.dumps({**data, "history": [damaged]}))
         with pytest.raises(RunDirError, match=says):
             load_state(tmp_path)
+
+
+def test_open_human_decisions_read_back_typed_and_a_damaged_one_is_refused(tmp_path):
+    from evotrainer.records.run_state import Approval, DecisionPoint
+
+    state = RunState(approvals={"v0003": Approval.PENDING, "v0004": Approval.REVISED},
+                     gates={"v0003": DecisionPoint("design", 2), "v0004": DecisionPoint("completion", 1)})
+    save_state(tmp_path, state)
+    back = load_state(tmp_path)
+    assert back.approvals == state.approvals and back.gates == state.gates
+    assert back.gates["v0003"] == DecisionPoint("design", 2) != DecisionPoint("design", 3)
+    data = json.loads(state_path(tmp_path).read_text())
+    for field, damaged, says in [("approvals", {"v0003": "maybe"}, "approvals: 'maybe'"),
+                                 ("gates", {"v0003": {"point": "design"}}, "gates: v0003"),
+                                 ("gates", {"v0003": "design"}, "gates: v0003")]:
+        state_path(tmp_path).write_text(json.dumps({**data, field: damaged}))
+        with pytest.raises(RunDirError, match=says):
+            load_state(tmp_path)

@@ -82,7 +82,7 @@ def test_diagnosis_pauses_before_proposing_takes_a_note_and_abort_stops_the_run(
     run_dir = start(tmp_path, human_gate=["diagnosis"], generations=3, operators={"knobs": 1.0})
     ids, state = waiting(run_dir)
     assert state.status == "paused" and state.stage == "propose" and state.generation == 0
-    assert ids == state.survivors and all(state.gates[v]["point"] == "diagnosis" for v in ids)
+    assert ids == state.survivors and all(state.gates[v].point == "diagnosis" for v in ids)
     before = state.next_id                       # no child proposed yet
     out = status_text(run_dir, capsys)
     assert "diagnosis" in out and "Health report" in out and "evotrainer approve" in out
@@ -127,7 +127,7 @@ def test_design_pauses_before_the_backtest_and_revise_replaces_the_genome(tmp_pa
     ids, state = waiting(run_dir)
     assert state.status == "paused" and state.stage == "train" and state.generation == 1 and len(ids) == 2
     for c in ids:
-        assert vdir(run_dir, c).meta().status == "awaiting_approval" and state.gates[c]["point"] == "design"
+        assert vdir(run_dir, c).meta().status == "awaiting_approval" and state.gates[c].point == "design"
         assert not (vdir(run_dir, c).path / "backtest.json").exists()   # not backtested yet
     out = status_text(run_dir, capsys)
     assert "design" in out and "hypothesis:" in out and "```diff" in out and "expected effect" in out
@@ -151,7 +151,7 @@ def test_design_pauses_before_the_backtest_and_revise_replaces_the_genome(tmp_pa
     n = load_state(run_dir).next_id
     assert main(["resume", str(run_dir)]) == 0   # backtested now, then it waits at the backtest point
     ids, state = waiting(run_dir)
-    assert ids == [a] and state.gates[a]["point"] == "backtest" and state.status == "paused"
+    assert ids == [a] and state.gates[a].point == "backtest" and state.status == "paused"
     assert (vdir(run_dir, a).path / "backtest.json").is_file() and not vdir(run_dir, a).steps()
     assert main(["resume", str(run_dir)]) == 0 and load_state(run_dir).status == "paused"   # still waiting
     assert "backtest: ACCEPT" in status_text(run_dir, capsys)
@@ -171,7 +171,7 @@ def test_design_pauses_before_the_backtest_and_revise_replaces_the_genome(tmp_pa
 def test_backtest_pauses_before_training_and_a_revision_is_backtested_again(tmp_path, capsys):
     run_dir = start(tmp_path, human_gate=["backtest"], generations=2, operators={"knobs": 1.0})
     ids, state = waiting(run_dir)
-    assert state.status == "paused" and len(ids) == 2 and all(state.gates[c]["point"] == "backtest" for c in ids)
+    assert state.status == "paused" and len(ids) == 2 and all(state.gates[c].point == "backtest" for c in ids)
     out = status_text(run_dir, capsys)
     assert "backtest: ACCEPT" in out and "hypothesis:" in out
     a, b = ids
@@ -206,7 +206,7 @@ def test_completion_pauses_after_the_gate_and_a_person_can_hold_a_verdict_back(t
     assert main(["run", str(path)]) == 0
     ids, state = waiting(run_dir)
     assert state.status == "paused" and state.stage == "select" and state.generation == 1 and len(ids) == 3
-    assert all(state.gates[c]["point"] == "completion" for c in ids)
+    assert all(state.gates[c].point == "completion" for c in ids)
     assert not any(h.child in ids and h.outcome != "accepted" for h in proposals(state.history))   # not counted yet
     out = status_text(run_dir, capsys)
     assert "completion" in out and "the gate's outcome" in out and "hypothesis verdict" in out
@@ -245,7 +245,7 @@ def test_a_run_from_before_the_four_points_is_migrated_once_on_load(tmp_path, ca
     is pending and trains on resume; a reader (status) migrates in memory only."""
     run_dir = start(tmp_path, human_gate=True, generations=2, operators={"knobs": 1.0})
     ids, state = waiting(run_dir)
-    assert len(ids) >= 2 and all(state.gates[c]["point"] == "backtest" for c in ids)   # 2 children by default
+    assert len(ids) >= 2 and all(state.gates[c].point == "backtest" for c in ids)   # 2 children by default
     raw = json.loads((run_dir / "state.json").read_text())
     old = ids[0]
     raw["gates"], raw["approvals"][old] = {}, "approved"     # as the older CLI wrote it
@@ -257,7 +257,7 @@ def test_a_run_from_before_the_four_points_is_migrated_once_on_load(tmp_path, ca
     assert vdir(run_dir, old).meta().status == "awaiting_approval"
     assert main(["approve", str(run_dir)] + ids[1:]) == 0          # opens the run for writing: migrated, saved
     migrated = load_state(run_dir)
-    assert {c: migrated.gates[c]["point"] for c in ids} == dict.fromkeys(ids, "backtest")
+    assert {c: migrated.gates[c].point for c in ids} == dict.fromkeys(ids, "backtest")
     assert vdir(run_dir, old).meta().status == "pending"
     assert main(["resume", str(run_dir)]) == 0
     state, metas = check_invariants(run_dir)

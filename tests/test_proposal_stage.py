@@ -22,7 +22,7 @@ from evotrainer.operators import Evidence
 from evotrainer.operators.library_entries import ENTRIES
 from evotrainer.operators.registry import OperatorMix
 from evotrainer.records.rollout import Rollout
-from evotrainer.records.run_state import RunState
+from evotrainer.records.run_state import DecisionPoint, RunState
 from evotrainer.records.version import BranchVersion
 
 ENTRY = next(e for e in ENTRIES if e.id == "format_partial_credit")
@@ -163,7 +163,7 @@ def test_a_child_held_at_design_waits_for_a_person_before_its_backtest(tmp_path)
     cid = propose_child(run.inputs, "v0000", ["v0000"], 1, cases=[])
     assert run.versions.vdir(cid).meta().status == "awaiting_approval"
     assert not (run.versions.vdir(cid).path / "backtest.json").exists() and run.spent == ["propose_seconds"]
-    assert run.state.approvals == {cid: "pending"} and run.state.gates == {cid: {"point": "design", "generation": 1}}
+    assert run.state.approvals == {cid: "pending"} and run.state.gates == {cid: DecisionPoint("design", 1)}
 
 
 def test_the_evidence_says_whether_any_step_of_the_lineage_moved_the_adapter(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,22 @@ from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.version import read_json, write_atomic
 
 STAGES = ("train", "verify", "gate", "select", "propose")
+
+
+class Approval(StrEnum):
+    """A person's latest decision on a version at a human gate (``loop/human/``)."""
+    PENDING = "pending"      # open: the run waits for it
+    APPROVED = "approved"
+    REVISED = "revised"      # changed by a person; it waits for approve or abort where the point says so
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class DecisionPoint:
+    """Where a version's human decision is taken: the gate point (diagnosis | design | backtest |
+    completion) and the generation it belongs to."""
+    point: str
+    generation: int
 
 
 @dataclass
@@ -33,11 +50,10 @@ class RunState:
     next_id: int = 0
     budget_used: dict[str, float] = field(default_factory=lambda: {
         "train_steps": 0, "rollout_tokens": 0, "llm_calls": 0, "llm_tokens": 0, "wall_time_s": 0.0})
-    # The human gate (loop/human/human_gate.py): version id -> its latest decision (pending | approved | revised |
-    # rejected), and version id -> where that decision is taken ({"point": ..., "generation": ...}; a
-    # version in approvals with no entry here waits at "backtest", the pause before training).
-    approvals: dict[str, str] = field(default_factory=dict)
-    gates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The human gate (loop/human/human_gate.py): version id -> its latest decision, and version id -> where
+    # that decision is taken (a run from before the points may lack the second: human_gate.migrate).
+    approvals: dict[str, Approval] = field(default_factory=dict)
+    gates: dict[str, DecisionPoint] = field(default_factory=dict)
     operator_stats: dict[str, Any] = field(default_factory=dict)
     history: list[HistoryRecord] = field(default_factory=list)  # proposals, reverts, decisions (records/history.py)
     final: dict[str, Any] | None = None   # the final pick and its test-split score (loop/stages/final_pick.py)
@@ -80,6 +96,8 @@ def load_state(run_dir: str | Path) -> RunState:
             state.history = [from_dict(h) for h in state.history]
         except (TypeError, ValueError) as e:
             wrong = [f"history: {e}"]
+    if not wrong:
+        wrong = _typed_decisions(state)
     if wrong:
         raise RunDirError(f"{path}: not a run state ({'; '.join(wrong)}); the file is damaged: restore it, or "
                           "start a new run")
@@ -104,3 +122,19 @@ def _wrong_types(state: RunState) -> list[str]:
             not all(isinstance(v, str) for v in state.live + state.survivors):
         out.append("live and survivors must list version ids")
     return out
+
+
+def _typed_decisions(state: RunState) -> list[str]:
+    """The human gate's decisions as their types, in place; what is wrong with them otherwise."""
+    try:
+        state.approvals = {str(v): Approval(a) for v, a in state.approvals.items()}
+    except ValueError as e:
+        return [f"approvals: {e}; one of {', '.join(a.value for a in Approval)}"]
+    points = {}
+    for vid, where in state.gates.items():
+        point, generation = (where.get("point"), where.get("generation")) if isinstance(where, dict) else (None, None)
+        if not isinstance(point, str) or not isinstance(generation, int) or isinstance(generation, bool):
+            return [f"gates: {vid} is {where!r:.60}, not a point and a generation"]
+        points[vid] = DecisionPoint(point, generation)
+    state.gates = points
+    return []

@@ -22,6 +22,7 @@ from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.intervention import Intervention
 from evotrainer.records.history import HumanRecord, Outcome, proposal_of
 from evotrainer.records.run_dir import RunDirError
+from evotrainer.records.run_state import Approval
 from evotrainer.records.version import Status, write_atomic
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def approve(exp: Experiment, ids: list[str] | None = None, reason: str = "", by:
     for vid in ids:
         point = point_of(exp, vid)
         _record(exp, vid, point, "approve", reason, by)
-        exp.state.approvals[vid] = "approved"
+        exp.state.approvals[vid] = Approval.APPROVED
         if point == "backtest":
             set_status(exp, vid, Status.PENDING, record=False)
         exp.record(vid)
@@ -70,7 +71,7 @@ def abort(exp: Experiment, ids: list[str] | None = None, reason: str = "", by: s
     for vid in ids:
         point = point_of(exp, vid)
         _record(exp, vid, point, "abort", reason, by)
-        s.approvals[vid] = "rejected"
+        s.approvals[vid] = Approval.REJECTED
         if point != "diagnosis":
             vd = exp.vdir(vid)
             meta = vd.meta()
@@ -87,7 +88,7 @@ def abort(exp: Experiment, ids: list[str] | None = None, reason: str = "", by: s
         exp.record(vid)
     survivors = [v for v in ids if point_of(exp, v) == "diagnosis"]
     if survivors:
-        if not parents_for_children(exp, s.gates[survivors[0]]["generation"]):
+        if not parents_for_children(exp, s.gates[survivors[0]].generation):
             s.stop_reason = f"aborted by {by or who()} at the diagnosis gate" + (f": {reason}" if reason else "")
     _settle(exp)
     return ids
@@ -115,7 +116,7 @@ def revise(exp: Experiment, vid: str, *, genome: str | Path | None = None, hypot
                              + (f" (not --{', --'.join(wrong)})" if wrong else ""))
     if point == "diagnosis":
         _record(exp, vid, point, "revise", reason, by, note=note)
-        exp.state.approvals[vid] = "revised"
+        exp.state.approvals[vid] = Approval.REVISED
     elif point == "completion":
         _override_outcome(exp, vid, outcome, reason, by)
     else:
@@ -139,7 +140,7 @@ def _override_outcome(exp: Experiment, vid: str, outcome: str, reason: str, by: 
     meta.decision.setdefault("reasons", []).append(
         f"{was} by the gate, {outcome} by a person" + (f": {reason}" if reason else ""))
     vd.save_meta(meta)
-    exp.state.approvals[vid] = "revised"
+    exp.state.approvals[vid] = Approval.REVISED
 
 
 def _revise_child(exp: Experiment, vid: str, point: str, genome: Path | None, hypothesis: str | None,
@@ -225,7 +226,7 @@ def _record(exp: Experiment, vid: str, point: str, action: str, reason: str, by:
     meta.decision = {**(meta.decision or {})}
     meta.decision["human"] = list(meta.decision.get("human") or []) + [entry]
     vd.save_meta(meta)
-    gen = (exp.state.gates.get(vid) or {}).get("generation", meta.generation)
+    gen = exp.state.gates[vid].generation if vid in exp.state.gates else meta.generation
     exp.state.history.append(HumanRecord(gen, point, vid, action, entry["by"], entry["at"], reason,
                                          note=extra.pop("note", None), extra=extra))
     exp.say(f"{vid}: {action} at the {point} gate by {entry['by']}" + (f": {reason}" if reason else ""))

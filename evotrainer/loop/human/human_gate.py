@@ -29,7 +29,7 @@ from evotrainer.loop.stages.gating import gate_version
 from evotrainer.loop.stages.proposals import backtest_child
 from evotrainer.operators.intervention import Intervention
 from evotrainer.records.history import Outcome, proposal_of
-from evotrainer.records.run_state import RunState
+from evotrainer.records.run_state import Approval, DecisionPoint, RunState
 from evotrainer.records.version import Status, write_atomic
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def enabled(exp: Experiment, point: str) -> bool:
 
 def point_of(exp: Experiment, vid: str) -> str:
     """The point ``vid``'s decision is taken at."""
-    return exp.state.gates[vid]["point"]
+    return exp.state.gates[vid].point
 
 
 def migrate(state: RunState, versions: RunVersions, write: bool = True) -> bool:
@@ -56,8 +56,8 @@ def migrate(state: RunState, versions: RunVersions, write: bool = True) -> bool:
             continue
         vd = versions.vdir(vid)
         meta = vd.meta() if vd.path.is_dir() else None
-        state.gates[vid] = {"point": "backtest", "generation": meta.generation if meta else state.generation}
-        if write and meta is not None and verdict == "approved" and meta.status == Status.AWAITING_APPROVAL:
+        state.gates[vid] = DecisionPoint("backtest", meta.generation if meta else state.generation)
+        if write and meta is not None and verdict == Approval.APPROVED and meta.status == Status.AWAITING_APPROVAL:
             meta.status = Status.PENDING
             vd.save_meta(meta)
         changed = True
@@ -66,18 +66,18 @@ def migrate(state: RunState, versions: RunVersions, write: bool = True) -> bool:
 
 def pending(exp: Experiment) -> list[Pending]:
     s = exp.state
-    return [Pending(v, point_of(exp, v), int((s.gates.get(v) or {}).get("generation", s.generation)))
-            for v, verdict in s.approvals.items() if verdict == "pending"]
+    return [Pending(v, s.gates[v].point, s.gates[v].generation)
+            for v, verdict in s.approvals.items() if verdict == Approval.PENDING]
 
 
 def open_decision(exp: Experiment, vid: str, point: str, generation: int) -> None:
-    exp.state.approvals[vid] = "pending"
-    exp.state.gates[vid] = {"point": point, "generation": generation}
+    exp.state.approvals[vid] = Approval.PENDING
+    exp.state.gates[vid] = DecisionPoint(point, generation)
 
 
 def decided(exp: Experiment, vid: str, point: str, generation: int) -> bool:
     s = exp.state
-    return s.gates.get(vid) == {"point": point, "generation": generation} and s.approvals.get(vid) not in (None, "pending")
+    return s.gates.get(vid) == DecisionPoint(point, generation) and s.approvals.get(vid) not in (None, Approval.PENDING)
 
 
 def pause(exp: Experiment) -> bool:
@@ -133,7 +133,7 @@ def hold_completion(exp: Experiment, generation: int) -> bool:
         if decided(exp, vid, "completion", generation):
             gate_version(exp.gate_inputs(), vid, finish=True)
             exp.record(vid)
-        elif exp.state.approvals.get(vid) != "pending" and holds_completion(exp, vid):
+        elif exp.state.approvals.get(vid) != Approval.PENDING and holds_completion(exp, vid):
             open_decision(exp, vid, "completion", generation)
     return pause(exp)
 
@@ -150,7 +150,7 @@ def pause_at_diagnosis(exp: Experiment, generation: int) -> bool:
     if all(decided(exp, v, "diagnosis", generation) for v in s.survivors):
         return False
     for v in s.survivors:
-        if s.gates.get(v) != {"point": "diagnosis", "generation": generation}:
+        if s.gates.get(v) != DecisionPoint("diagnosis", generation):
             open_decision(exp, v, "diagnosis", generation)
     return pause(exp)
 
@@ -158,8 +158,8 @@ def pause_at_diagnosis(exp: Experiment, generation: int) -> bool:
 def parents_for_children(exp: Experiment, generation: int) -> list[str]:
     """The survivors that may get children: those a person did not abort at diagnosis."""
     s = exp.state
-    return [v for v in s.survivors if not (s.gates.get(v) == {"point": "diagnosis", "generation": generation}
-                                           and s.approvals.get(v) == "rejected")]
+    return [v for v in s.survivors if not (s.gates.get(v) == DecisionPoint("diagnosis", generation)
+                                           and s.approvals.get(v) == Approval.REJECTED)]
 
 
 def hold_children(exp: Experiment) -> bool:
@@ -168,7 +168,7 @@ def hold_children(exp: Experiment) -> bool:
     s = exp.state
     for vid in list(s.live):
         meta = exp.vdir(vid).meta()
-        if meta.status == Status.AWAITING_APPROVAL and s.approvals.get(vid) != "pending" and point_of(exp, vid) == "design":
+        if meta.status == Status.AWAITING_APPROVAL and s.approvals.get(vid) != Approval.PENDING and point_of(exp, vid) == "design":
             _backtest_designed(exp, vid)
     return pause(exp)
 

@@ -29,7 +29,7 @@ from evotrainer.operators.intervention import Intervention
 from evotrainer.operators.registry import OperatorMix
 from evotrainer.operators.triggers import report_metrics
 from evotrainer.records.history import Outcome, ProposalRecord, proposals, to_dict
-from evotrainer.records.run_state import RunState
+from evotrainer.records.run_state import Approval, DecisionPoint, RunState
 from evotrainer.records.version import Status, write_atomic
 
 if TYPE_CHECKING:
@@ -232,8 +232,8 @@ def admit(run: ProposalInputs, iv: Intervention, pid: str, extra_parents: list[s
     state.history.append(replace(record, outcome=Outcome.ACCEPTED, child=cid))
     state.live.append(cid)
     if gate:   # the decision is opened here, with the child, so a crash cannot leave one without it
-        state.approvals[cid] = "pending"
-        state.gates[cid] = {"point": gate, "generation": generation}
+        state.approvals[cid] = Approval.PENDING
+        state.gates[cid] = DecisionPoint(gate, generation)
     run.say(f"gen {generation}: {iv.operator} proposed {cid} from {pid} ({iv.factor})")
     run.save()
     return cid
