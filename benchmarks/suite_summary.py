@@ -64,7 +64,9 @@ def summarize(results: Path = RESULTS, planned: dict[str, int] | None = None) ->
                                                if untrained is not None else None),
                            "wall_s_mean": _r(statistics.fmean(r["wall_s"] for r in rows)),
                            "lineage_steps": [r["lineage_steps"] for r in rows],
-                           "children": [len(r.get("children", [])) for r in rows]}
+                           "children": [len(r.get("children", [])) for r in rows],
+                           "commits": sorted({r["commit"][:7] + ("+dirty" if r["commit"].endswith("+dirty") else "")
+                                              for r in rows})}
         deltas = {}
         for a, b in DELTAS:
             if a in modes and b in modes and {r["seed"] for r in runs[a]} & {r["seed"] for r in runs[b]}:
@@ -111,8 +113,11 @@ def verdict(summary: dict) -> str:
     if not ref or not rnd:
         return f"**The suite has too few runs to compare modes yet** ({count})."
     wins = ref["ci90"][0] > 0 and rnd["ci90"][0] > 0
-    head = ("**`evolve` as shipped beats both `reference` and `random-library` on this suite**" if wins else
-            "**`evolve` as shipped does not beat both `reference` and `random-library` on this suite**")
+    # "as shipped" names the code that ran: the commits of the `evolve` rows (later commits may differ)
+    commits = sorted({c for s in summary["settings"].values() for c in s["modes"].get("evolve", {}).get("commits", [])})
+    shipped = f"`evolve` as shipped at {', '.join(commits)}"
+    head = (f"**{shipped} beats both `reference` and `random-library` on this suite**" if wins else
+            f"**{shipped} does not beat both `reference` and `random-library` on this suite**")
     return (f"{head} ({count}): pooled over settings × seeds, `evolve` − `reference` is {_ci(ref)} and "
             f"`evolve` − `random-library` {_ci(rnd)}.")
 

@@ -43,7 +43,8 @@ def test_the_test_ledger_in_the_docs_is_the_script_s():
 
 def row(seed, scores, wall=60.0):
     return {"seed": seed, "test_scores": {t: [v] for t, v in scores.items()},
-            "test": sum(scores.values()) / len(scores), "wall_s": wall, "lineage_steps": 8, "children": []}
+            "test": sum(scores.values()) / len(scores), "wall_s": wall, "lineage_steps": 8, "children": [],
+            "commit": "0123456789abcdef"}
 
 
 def setting(path: Path, name: str, untrained: float, runs: dict) -> None:
@@ -84,7 +85,7 @@ def test_summary_schema_deltas_and_the_verdict(tmp_path):
         "random-library": [row(s, tasks(20)) for s in range(3)]})
     lost = summarize(tmp_path)
     assert lost["pooled"]["delta"]["evolve-reference"]["ci90"][0] < 0
-    assert readme_table(lost).startswith("**`evolve` as shipped does not beat both")
+    assert readme_table(lost).startswith("**`evolve` as shipped at 0123456 does not beat both")   # the code that ran
 
 
 def test_too_few_runs_says_so(tmp_path):
