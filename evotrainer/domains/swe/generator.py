@@ -156,7 +156,7 @@ def _issue(bug: Bug, pkg: str, level: int) -> tuple[str, str]:
     if level <= 1:
         title = f"`{bug.caller}` in `{path}` returns a wrong result"
         body = f"`{bug.caller}` in `{path}` is wrong: `{call}` {seen}, but it should give `{want}`."
-        if level == 0:   # the buggy line as the file shows it (its text before the fix)
+        if level == 0:   # the buggy line, as the repository the policy reads shows it
             text = bug.mutation.apply(TEMPLATES[bug.module]["source"]).splitlines()[bug.mutation.line - 1].strip()
             body += f" The wrong line is line {bug.mutation.line} of `{path}`: `{text}`."
     elif level == 2:
