@@ -10,12 +10,12 @@ from typing import Any
 from evotrainer.fitness.cache import CachedVersion
 from evotrainer.fitness.episodes import episode_metrics
 from evotrainer.fitness.leak import leak_stats
+from evotrainer.operators.library_entries import STUCK_CHANGED, STUCK_DEAD
 from evotrainer.records.numeric import finite_or_none, is_dead, mean, percentile, pstd
 from evotrainer.records.rollout import Rollout, group_rollouts, last_steps
 from evotrainer.records.scores import correct as outcome
 
 DIVERGENCE = 0.3          # train correctness above held-out accuracy by more than this is suspicious
-STUCK_CHANGED = 0.05      # held-out answers training changed, below which an adapter with live groups is stuck
 
 
 def outcome_flow(before: Sequence[Rollout], after: Sequence[Rollout], before_name: str = "before",
@@ -125,7 +125,7 @@ def engine_alerts(m: dict[str, float | None]) -> list[dict[str, Any]]:
     # small to move the adapter (a full-fine-tuning learning rate on LoRA), so no other change can show
     # an effect until it moves. With every group dead there was no gradient, and nothing to conclude.
     changed, dead = m.get("heldout_changed_rate"), m.get("dead_group_ratio")
-    if changed is not None and dead is not None and changed < STUCK_CHANGED and dead < 0.9:
+    if changed is not None and dead is not None and changed < STUCK_CHANGED and dead < STUCK_DEAD:
         add("adapter_stuck", "critical",
             f"{1 - dead:.0%} of the training groups had a gradient, yet training changed {changed:.0%} of the "
             "held-out answers",

@@ -18,6 +18,11 @@ from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect
 from evotrainer.operators.library_entry import KnobMove, LibraryEntry, Param
 from evotrainer.operators.triggers import when
 
+# An adapter is stuck when its training groups had a gradient (dead ratio under STUCK_DEAD) yet training
+# changed under STUCK_CHANGED of the held-out answers: the learning-rate entries and the engine's
+# adapter_stuck alert (fitness/engine_metrics.py) read the same line.
+STUCK_CHANGED, STUCK_DEAD = 0.05, 0.9
+
 
 FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
 FEWER_KEPT = ExpectedEffect("kept_group_ratio", "delta<", 0.0)
@@ -306,14 +311,14 @@ ENTRIES: tuple[LibraryEntry, ...] = (
     LibraryEntry(
         "raise_learning_rate", "knob: raise the learning rate",
         "knob:learning_rate", (when("heldout_delta", "<", 0.02), when("heldout_delta", ">", -0.05),
-                               when("dead_group_ratio", "<", 0.9), when("heldout_changed_rate", ">=", 0.05)),
+                               when("dead_group_ratio", "<", STUCK_DEAD), when("heldout_changed_rate", ">=", STUCK_CHANGED)),
         "If learning_rate rises from {old} to {new}, held-out score rises, because training signal exists "
         "(live groups) but held-out accuracy barely moved.",
         FITTER, "learning-rate increase on a plateau (TRL GRPOConfig.learning_rate)",
         move=KnobMove("learning_rate", (2.0, 4.0))),
     LibraryEntry(
         "unstick_learning_rate", "knob: raise the learning rate by orders of magnitude",
-        "knob:learning_rate", (when("heldout_changed_rate", "<", 0.05), when("dead_group_ratio", "<", 0.9)),
+        "knob:learning_rate", (when("heldout_changed_rate", "<", STUCK_CHANGED), when("dead_group_ratio", "<", STUCK_DEAD)),
         "If learning_rate rises from {old} to {new}, training changes held-out answers and held-out score rises, "
         "because the groups had a gradient yet the adapter changed almost no greedy held-out answer (a step "
         "far too small for a LoRA adapter, as TRL's 1e-6 default, sized for full fine-tuning).",

@@ -119,7 +119,8 @@ def from_dict(data: dict[str, Any]) -> HistoryRecord:
         data["point"] = data.pop("human_gate")
         kind: type = HumanRecord
     elif data.get("outcome") == Outcome.REVERTED:
-        data.pop("operator", None), data.pop("factor", None)
+        for name in ("operator", "factor"):   # written for readers that take a revert for a proposal
+            data.pop(name, None)
         kind = RevertRecord
     else:
         kind = ProposalRecord
