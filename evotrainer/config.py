@@ -238,6 +238,10 @@ class EvolutionConfig(_Section):
     diversity: DiversityConfig = Field(default_factory=DiversityConfig)
     gate_level: float = Field(GATE_LEVEL, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
     min_delta: float = Field(0.0, description="a child is promoted when the CI lower bound exceeds this")
+    race_cap: int | None = Field(None, ge=2, description=(
+        "racing gate: a child the gate draw cannot decide is verified with its control on further held-out "
+        "tasks (the pool beyond train.eval_size), the draw doubling up to this many tasks under a "
+        "group-sequential test; null: the gate draw alone decides"))
     validity: ValidityConfig = Field(default_factory=ValidityConfig)
     selection_share: float = Field(0.5, gt=0, lt=1, description="share of the held-out tasks in the selection draw "
                                    "(survivors, parents, the final pick, the revert's choice); the rest is the gate "

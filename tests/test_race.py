@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evotrainer.fitness.race import confidence_sequence, race
+from evotrainer.fitness.race import boundaries, confidence_sequence, looks, race, sequential_decision, z_statistic
 
 
 def paired(rng, n, effect, discordance=0.29):
@@ -69,3 +69,54 @@ def paper_sequence(deltas, alpha):
 def test_the_sequence_is_the_paper_s(n):
     d = paired(np.random.default_rng(n), n, 0.05)
     assert confidence_sequence(d, 0.1) == pytest.approx(paper_sequence(d, 0.1), abs=1e-12)
+
+
+# ---- the group-sequential test the loop's racing gate runs -------------------------------------------
+def test_looks_double_the_gate_draw_up_to_the_cap():
+    assert looks(24, 192) == (24, 48, 96, 192)
+    assert looks(24, 100) == (24, 48, 96, 100) and looks(24, 24) == (24,)
+    with pytest.raises(ValueError, match="first <= cap"):
+        looks(48, 24)
+
+
+def test_one_look_has_the_fixed_tests_boundary_and_later_looks_spend_little_early():
+    assert boundaries((24,), 0.05)[0] == pytest.approx(1.645, abs=0.02)
+    b = boundaries(looks(24, 192), 0.05)
+    assert b[0] > b[1] > b[2] > b[3] and b[0] > 4.0          # O'Brien-Fleming: almost nothing spent early
+    assert b[-1] == pytest.approx(1.67, abs=0.05)             # the last look keeps the fixed test's power
+
+
+def test_an_a_a_race_promotes_at_most_its_error_over_every_look():
+    rng = np.random.default_rng(4)
+    runs = [sequential_decision(paired(rng, 192, 0.0), looks(24, 192), level=0.9) for _ in range(1500)]
+    assert sum(r.promote for r in runs) / len(runs) <= 0.05 + 0.015
+    assert {r.stopped for r in runs} == {"promote", "behind", "cap"}
+    assert sum(r.stopped == "behind" for r in runs) / len(runs) > 0.3     # futility saves tasks on ties
+
+
+def test_a_planted_gain_of_a_tenth_is_promoted_at_least_four_times_in_five_by_384_tasks():
+    rng = np.random.default_rng(5)
+    runs = [sequential_decision(paired(rng, 384, 0.1), looks(24, 384), level=0.9) for _ in range(600)]
+    assert sum(r.promote for r in runs) / len(runs) >= 0.8
+    assert np.mean([r.n_tasks for r in runs]) < 300            # a clear win stops before the cap
+
+
+def test_a_race_asks_for_more_tasks_until_its_next_look_and_reads_only_whole_looks():
+    d = [1.0, 0.0, -1.0, 0.0] * 12                             # 48 tasks: a tie
+    first = sequential_decision(d[:30], (24, 48, 96))
+    assert first.stopped == "continue" and first.look == 1 and first.n_tasks == 24
+    assert sequential_decision([], (24, 48)).stopped == "continue"
+    second = sequential_decision(d, (24, 48, 96))
+    assert second.look == 2 and second.n_tasks == 48 and second.stopped == "continue"   # z = 0: not behind
+    assert sequential_decision([1.0] * 24, (24, 48)).stopped == "promote"
+    assert sequential_decision([0.0] * 23 + [-1.0], (24, 48)).stopped == "continue"    # the first look never refuses
+    assert sequential_decision([-1.0] * 48, (24, 48)).stopped == "behind"
+    assert sequential_decision([0.0] * 48, (24, 48)).stopped == "cap"
+    with pytest.raises(ValueError, match="increasing"):
+        sequential_decision(d, (48, 24))
+
+
+def test_the_z_statistic_is_the_paired_one_and_says_a_sign_when_every_delta_is_equal():
+    assert z_statistic([1.0, 0.0, 1.0, 0.0]) == pytest.approx(0.5 / (np.std([1, 0, 1, 0], ddof=1) / 2))
+    assert z_statistic([0.5, 0.5]) == float("inf") and z_statistic([0.0, 0.0]) == 0.0
+    assert z_statistic([0.2, 0.2], min_delta=0.2) == 0.0 and z_statistic([0.1]) == 0.0

@@ -30,10 +30,12 @@ class GateConfig:
     n_resamples: int = 10_000
     seed: int = 0
     window: int = 3                              # last training steps the divergence checks look at
+    race_cap: int | None = None                  # racing gate: gate tasks read at most (None: the fixed gate draw)
 
 
 def gate_config(cfg: Config) -> GateConfig:
     """The gate a run's config describes: its level, margin and seed, and its validity thresholds
     (``evolution.validity``). The one place a loop, a revert, the start and ``evotrainer gate`` get it."""
     ev = cfg.evolution
-    return GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=cfg.seed, **ev.validity.model_dump())
+    return GateConfig(level=ev.gate_level, min_delta=ev.min_delta, seed=cfg.seed, race_cap=ev.race_cap,
+                      **ev.validity.model_dump())

@@ -16,7 +16,12 @@
 2. **Paired statistics** — ``decide_promotion`` on per-task held-out scores of the same tasks and
    seeds (child's ``heldout`` vs parent's ``heldout``, or vs the child's own ``heldout_base`` when no
    parent is given).
-3. **A tie at nothing resolved** (episodes only) — when neither side resolved a single held-out
+3. **A racing gate** (``evolution.race_cap``): the loop verifies an undecided child and its control on
+   further rounds of held-out tasks (``rollouts/race.jsonl``, ``loop/stages/racing.py``), and the
+   promotion is the group-sequential test's (``race.sequential_decision``) over the gate draw and
+   those rounds, its looks doubling the gate draw up to the cap; the bootstrap's interval over the
+   same tasks is recorded beside it.
+4. **A tie at nothing resolved** (episodes only) — when neither side resolved a single held-out
    issue, resolution cannot tell them apart, and a change that moves the policy toward resolving (a
    well-formed call, an edit, a test run) would always tie. The paired test then reads the share of
    each episode's working calls the environment accepted (``episodes.working_call_share``: a
@@ -43,10 +48,12 @@ from evotrainer.fitness.gate_config import GateConfig  # noqa: F401 - part of th
 from evotrainer.fitness.health import HealthReport, health_report
 from evotrainer.fitness.labels import LabelStore, record_verdict
 from evotrainer.fitness.paired_stats import PairingError, PromotionDecision, decide_promotion
+from evotrainer.fitness.race import SequentialDecision, looks, sequential_decision
 from evotrainer.fitness.validity import Check, engine_checks
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.numeric import mean
 from evotrainer.records.scores import by_seed, correct, task_scores
+from evotrainer.records.version import VersionDir
 
 TIE_BASIS = "nothing resolved on either side"   # how a decision broken on the working calls begins
 
@@ -134,6 +141,53 @@ def working_call_decision(child: list[Rollout], parent: list[Rollout], cfg: Gate
                 "broke_tests": broke}
 
 
+# ---- the racing gate --------------------------------------------------------------------------------
+RACE = "race"   # the rollouts split of a racing gate's further rounds
+
+
+def raced(child: list[Rollout], control: list[Rollout], child_race: list[Rollout],
+          control_race: list[Rollout]) -> tuple[list[Rollout], list[Rollout]]:
+    """Both sides' rollouts on the tasks both were verified on: the gate draw, then the race rounds in
+    the order they were drawn (a control raced beside another child may hold more rounds)."""
+    both = {r.task_id for r in child_race} & {r.task_id for r in control_race}
+    return (child + [r for r in child_race if r.task_id in both],
+            control + [r for r in control_race if r.task_id in both])
+
+
+def race_deltas(child: list[Rollout], control: list[Rollout]) -> list[float]:
+    """Per-task ``child - control`` (each a mean over its seeds) in the child's task order."""
+    c, p = task_scores(child), task_scores(control)
+    order = list(dict.fromkeys(r.task_id for r in child))
+    return [sum(c[t].values()) / len(c[t]) - sum(p[t].values()) / len(p[t]) for t in order if t in p]
+
+
+def race_state(child_dir: str | Path, control_dir: str | Path, cfg: GateConfig) -> SequentialDecision:
+    """Where the racing gate stands on what both versions were verified on: its looks start at the gate
+    draw's size and double up to ``cfg.race_cap``."""
+    cv, pv = VersionDir(Path(child_dir)), VersionDir(Path(control_dir))
+    child, control = raced(cv.rollouts("heldout"), pv.rollouts("heldout"), cv.rollouts(RACE), pv.rollouts(RACE))
+    first = len({r.task_id for r in cv.rollouts("heldout")})
+    return sequential_decision(race_deltas(child, control), looks(first, max(first, cfg.race_cap or first)),
+                               level=cfg.level, min_delta=cfg.min_delta)
+
+
+def race_decision(child: list[Rollout], control: list[Rollout], state: SequentialDecision,
+                  cfg: GateConfig) -> dict[str, Any]:
+    """The paired record over the tasks the race read, its promotion the sequential test's."""
+    tasks = list(dict.fromkeys(r.task_id for r in child))[: state.n_tasks]
+    keep = set(tasks)
+    d = paired_decision([r for r in child if r.task_id in keep], [r for r in control if r.task_id in keep], cfg)
+    if "mean_delta" not in d:
+        return d
+    verdict = {"promote": f"promoted at look {state.look} of {len(state.schedule)}",
+               "behind": f"refused at look {state.look}: the child is behind its control",
+               "cap": f"refused: not separated from its control by the cap ({state.schedule[-1]} tasks)",
+               "continue": f"refused: the race stopped at look {state.look} before it decided"}[state.stopped]
+    reason = (f"racing gate: {verdict} ({state.n_tasks} tasks; z {state.z:+.2f}, boundary {state.boundary:.2f}); "
+              f"delta {d['mean_delta']:+.3f}, {100 * cfg.level:g}% bootstrap CI [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]")
+    return d | {"promote": state.promote, "reason": reason, "race": state.to_dict()}
+
+
 # ---- the gate ---------------------------------------------------------------------------------------
 def gate(child: str | Path, parent: str | Path | None = None, cfg: GateConfig | None = None,
          labels: LabelStore | None = None, report: HealthReport | None = None) -> GateDecision:
@@ -157,10 +211,14 @@ def gate(child: str | Path, parent: str | Path | None = None, cfg: GateConfig | 
         # A seed or a continuation with no base-model verification (the loop verifies none): nothing
         # to pair with, which is not a pairing failure.
         paired = {"promote": False, "reason": "not paired: no control and no base-model held-out rollouts"}
+    elif unresolved_tie(cv.heldout, base):
+        paired = working_call_decision(cv.heldout, base, cfg, paired_decision(cv.heldout, base, cfg))
+    elif cfg.race_cap is not None and parent is not None:
+        child, control = raced(cv.heldout, base, VersionDir(cv.path).rollouts(RACE),
+                               VersionDir(Path(parent)).rollouts(RACE))
+        paired = race_decision(child, control, race_state(cv.path, parent, cfg), cfg)
     else:
         paired = paired_decision(cv.heldout, base, cfg)
-        if unresolved_tie(cv.heldout, base):
-            paired = working_call_decision(cv.heldout, base, cfg, paired)
     promote = valid and bool(paired.get("promote"))
     reasons.append(("paired statistics: " if valid else "paired statistics (ignored: invalid): ") + paired["reason"])
     decision = GateDecision(cv.name, parent_name, promote, valid, reasons, checks, violations, paired)

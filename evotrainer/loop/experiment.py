@@ -32,6 +32,7 @@ from evotrainer.loop.stages.exploit import narrow_to_exploit
 from evotrainer.loop.stages.final_pick import report_test
 from evotrainer.loop.human import human_gate
 from evotrainer.loop.stages.gating import GateInputs, gate_version
+from evotrainer.loop.stages.racing import race_child
 from evotrainer.loop.knowledge.operator_mix import operator_mix
 from evotrainer.loop.progress import NullProgress
 from evotrainer.loop.stages.propose_stage import propose_children
@@ -269,8 +270,10 @@ class Experiment:
     def gate_inputs(self) -> GateInputs:
         """What the gate stage reads and changes of this run (``loop/stages/gating.py``)."""
         listeners = (self.skills, self.mix) if self.mix_loaded else (self.skills,)   # the mix: when built here
+        race = functools.partial(race_child, self, self.run_versions) if self.cfg.evolution.race_cap else None
         return GateInputs(self.run_versions, gate_config(self.cfg), self.cfg.evolution.keep_ties, self.cfg.domain.name,
-                          self.state.history, listeners, labels=self.labels, timed=self.budgets.timed, say=self.say)
+                          self.state.history, listeners, labels=self.labels, timed=self.budgets.timed, say=self.say,
+                          race=race)
 
     def proposal_inputs(self) -> ProposalInputs:
         """What the propose stage reads and changes of this run (``loop/stages/proposals.py``)."""

@@ -55,6 +55,15 @@ class Runtime:
         return self.draws[1]
 
     @functools.cached_property
+    def race_tasks(self) -> list[Task]:
+        """The racing gate's further rounds, in the order it draws them: the held-out tasks beyond
+        ``train.eval_size`` (never in the gate or selection draw), as many as its cap needs."""
+        cap = self.cfg.evolution.race_cap
+        if cap is None or self.cfg.train.eval_size is None:
+            return []
+        return self.domain.tasks("heldout")[self.cfg.train.eval_size:][: max(0, cap - len(self.gate_tasks))]
+
+    @functools.cached_property
     def test_tasks(self) -> list[Task]:
         """The test split: only the final pick is verified on it, after the loop (nothing in it sees test)."""
         return self.domain.tasks("test")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, ContextManager
 
 from evotrainer.fitness.gate_config import GateConfig
-from evotrainer.fitness.gates import TIE_BASIS, gate
+from evotrainer.fitness.gates import RACE, TIE_BASIS, gate
 from evotrainer.fitness.health import HealthReport
 from evotrainer.fitness.hypothesis import judge_effect
 from evotrainer.fitness.labels import LabelStore
@@ -45,6 +45,7 @@ class GateInputs:
     labels: LabelStore | None = None   # where a validity gap (a check the harness missed) is recorded
     timed: Callable[[str], ContextManager[None]] = _untimed   # Budgets.timed: where the run's time went
     say: Callable[[str], None] = lambda msg: None
+    race: Callable[[str], None] | None = None   # racing gate: verifies an undecided child's further rounds
 
 
 def control_of(versions: RunVersions, meta: BranchVersion, say: Callable[[str], None] | None = None) -> str | None:
@@ -83,6 +84,10 @@ def gate_version(run: GateInputs, vid: str, finish: bool = True) -> None:
     with run.timed("gate"):
         decision = gate(vd.path, control_dir.path if control_dir else None, run.config, labels=run.labels,
                         report=report)
+    if run.race is not None and decision.valid and ((decision.paired or {}).get("race") or {}).get("stopped") == "continue":
+        run.race(vid)   # the gate draw left it open: further rounds for both sides (loop/stages/racing.py)
+        with run.timed("gate"):
+            decision = gate(vd.path, control_dir.path, run.config, labels=run.labels, report=report)
     human = (meta.decision or {}).get("human")   # a person's earlier decisions on it (loop/human/human_gate.py)
     meta.decision = decision.to_dict() | ({"human": human} if human else {})
     meta.violations = [{"name": "gate", "message": r} for r in decision.reasons
@@ -132,7 +137,8 @@ def finish_gate(run: GateInputs, vd: VersionDir, meta: BranchVersion, control: s
 def spend_of(vd: VersionDir) -> dict[str, int]:
     """What one version spent, read from what it left on disk: optimisation steps, train rollouts and
     generated tokens, held-out rollouts and generated tokens."""
-    train, heldout = vd.rollouts("train"), vd.rollouts("heldout") + vd.rollouts("selection")   # both draws
+    train = vd.rollouts("train")
+    heldout = vd.rollouts("heldout") + vd.rollouts("selection") + vd.rollouts(RACE)   # both draws and any race
     return {"train_steps": len(vd.steps()), "train_rollouts": len(train),
             "train_tokens": sum(r.num_tokens for r in train), "heldout_rollouts": len(heldout),
             "heldout_tokens": sum(r.num_tokens for r in heldout)}
@@ -152,11 +158,14 @@ def spend_record(child: VersionDir, control: VersionDir | None) -> dict:
 
 def child_outcome(paired: dict | None, keep_ties: bool) -> Status:
     """A valid child the gate did not promote: rejected when significantly worse than its control (or
-    not comparable), kept as a tie otherwise (when ties live on)."""
+    not comparable), kept as a tie otherwise (when ties live on). A raced child that its race found
+    behind its control, or could not separate from it by the cap, is dropped: the race read enough
+    to say its change is worth less than a branch, and the population's slot goes to another."""
     if not paired or "ci_high" not in paired:
         return Status.REJECTED
     worse = float(paired["ci_high"]) < 0.0
-    return Status.REJECTED if worse or not keep_ties else Status.KEPT
+    raced_out = (paired.get("race") or {}).get("stopped") in ("behind", "cap")
+    return Status.REJECTED if worse or raced_out or not keep_ties else Status.KEPT
 
 
 def hypothesis_verdict(meta: BranchVersion, control: VersionDir | None, report: HealthReport | None,

@@ -245,17 +245,37 @@ def _domain(cfg: Config) -> list[Task]:
 def _heldout_draws(cfg: Config, heldout: list[Task], say: Callable[[str], None] | None) -> None:
     """The held-out pool splits into a gate draw and a selection draw, each non-empty; a gate draw
     smaller than the paired test's minimum refuses every child, which is said before any compute."""
-    heldout = heldout[: cfg.train.eval_size]
+    full, heldout = heldout, heldout[: cfg.train.eval_size]
     try:
         gate, selection = heldout_draws(heldout, cfg.evolution.selection_share, cfg.seed)
     except ValueError as e:
         raise ConfigError(f"field 'domain.n_heldout': {e}") from None
+    _race_pool(cfg, len(gate), len(full) - len(heldout))
     need = GateConfig().min_tasks
     if len(gate) < need:
         msg = (f"warning: the gate draw holds {len(gate)} of the {len(heldout)} held-out tasks (the selection "
                f"draw the other {len(selection)}, evolution.selection_share {cfg.evolution.selection_share}); "
                f"the paired gate needs {need}, so no child can be promoted: raise domain.n_heldout")
         say(msg) if say else warnings.warn(msg, UserWarning, stacklevel=5)
+
+
+def _race_pool(cfg: Config, gate: int, pool: int) -> None:
+    """A racing gate draws its further rounds from the held-out tasks beyond train.eval_size: there must
+    be enough of them to reach its cap, and it races on the local executor (the driver verifies)."""
+    cap = cfg.evolution.race_cap
+    if cap is None:
+        return
+    if cap < gate:
+        raise ConfigError(f"field 'evolution.race_cap': {cap} is below the gate draw's {gate} tasks; raise it "
+                          f"(e.g. {4 * gate}: looks at {gate}, {2 * gate} and {4 * gate} tasks) or set it to null")
+    if cfg.train.eval_size is None or pool < cap - gate:
+        raise ConfigError(
+            f"field 'evolution.race_cap': racing to {cap} tasks needs {cap - gate} held-out tasks beyond "
+            f"train.eval_size (the gate draw holds {gate}), and the pool holds {pool}; set train.eval_size and "
+            f"raise domain.n_heldout to at least {(cfg.train.eval_size or 0) + cap - gate}, or lower race_cap")
+    if cfg.executor != "local":
+        raise ConfigError("field 'evolution.race_cap': the racing gate verifies further rounds in the driver, "
+                          "which only the local executor has loaded; set executor: local or race_cap: null")
 
 
 def _device(cfg: Config, say: Callable[[str], None] | None = None) -> None:
