@@ -10,6 +10,11 @@ from typing import Any
 # alert's message or suggestion): the diagnosis points at it, and a critical alert's pointer most of all,
 # since a critical failure (every tool call malformed) blocks every other change from showing an effect.
 NAMED_WEIGHT = {"critical": 9.0, "warning": 3.0, "info": 3.0}
+# Alerts whose failure hides every other change's effect: training does not move the adapter, so a
+# child whose change acts through training ties its control by construction (every child of the misfit
+# suite setting tied at exactly 0.000). While one fires, the diagnosing operators offer only the
+# changes it names (triage: fix what blocks the others first); the drawn-at-random baseline does not.
+BLOCKING = frozenset({"adapter_stuck"})
 
 
 @dataclass
@@ -42,6 +47,15 @@ class Evidence:
         weights = [NAMED_WEIGHT.get(str(a.get("severity")), NAMED_WEIGHT["info"]) for a in self.alerts()
                    if pattern.search(" ".join(str(v) for v in a.values()).lower())]
         return max(weights, default=1.0)
+
+    def triage(self, names: list[str]) -> list[str] | None:
+        """The ``names`` (knobs) that a firing ``BLOCKING`` alert names as whole words, in their order;
+        None when no blocking alert fires (every name is open)."""
+        blocking = [a for a in self.alerts() if (a.get("name") or a.get("rule")) in BLOCKING]
+        if not blocking:
+            return None
+        text = " ".join(str(v) for a in blocking for v in a.values()).lower()
+        return [n for n in names if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n.lower())}(?![A-Za-z0-9_])", text)]
 
     def summary(self) -> dict[str, Any]:
         """What an intervention records as the evidence it used (small, JSON-able)."""

@@ -145,8 +145,16 @@ class KnobOperator:
             inert.add("beta")
         names = [n for n in knobs if (self.only is None or n in self.only) and n not in inert]
         # A knob whose range or choices admit one value cannot make a child.
-        return [n for n in names if "choices" in knobs[n] and len(knobs[n]["choices"]) > 1
-                or "range" in knobs[n] and knobs[n]["range"][0] != knobs[n]["range"][1]]
+        names = [n for n in names if "choices" in knobs[n] and len(knobs[n]["choices"]) > 1
+                 or "range" in knobs[n] and knobs[n]["range"][0] != knobs[n]["range"][1]]
+        named = evidence.triage(names)   # a blocking alert fired: only the knobs it names
+        if named:
+            log.info("knobs: a blocking alert fired on %s's report; only %s offered", parent.short_hash, ", ".join(named))
+            return named
+        if named is not None:
+            log.info("knobs: a blocking alert fired on %s's report but names no tunable knob; every knob offered",
+                     parent.short_hash)
+        return names
 
     def _choose_knob(self, names: list[str], evidence: Evidence) -> str:
         """Knobs that the health report's alerts name are likelier to be chosen (``Evidence.named_weight``:

@@ -102,6 +102,22 @@ def applicable_entries(parent: HarnessProgram, evidence: Evidence, entries: Sequ
     return found, skipped
 
 
+def triaged(found: list[Applicable], skipped: dict[str, str], evidence: Evidence) -> tuple[list[Applicable], dict[str, str]]:
+    """Under a blocking alert (``Evidence.triage``), only the fired entries that move a knob it names;
+    all of them, said in the log, when none of those is left to try on this parent."""
+    moved = sorted({a.entry.move.knob for a in found if a.entry.move is not None})
+    named = evidence.triage(moved)
+    if named is None:
+        return found, skipped
+    keep = [a for a in found if a.entry.move is not None and a.entry.move.knob in named]
+    if not keep:
+        log.info("library: a blocking alert fired, but no untried entry moves a knob it names; every fired "
+                 "entry is offered")
+        return found, skipped
+    left = {a.entry.id: "a blocking alert fired: only the changes it names are offered" for a in found if a not in keep}
+    return keep, skipped | left
+
+
 def _child_hash(entry: LibraryEntry, parent: HarnessProgram, params: dict[str, Any]) -> str | None:
     try:
         return entry.apply(parent, params).hash
@@ -175,7 +191,8 @@ class LibraryOperator:
 
     def applicable(self, parent: HarnessProgram, evidence: Evidence) -> tuple[list[Applicable], dict[str, str]]:
         entries = [e for e in self.entries if self.weights.get(e.id, 0.0) > 0]
-        return applicable_entries(parent, evidence, entries, self.tried(parent, evidence), self.diagnose)
+        found, skipped = applicable_entries(parent, evidence, entries, self.tried(parent, evidence), self.diagnose)
+        return triaged(found, skipped, evidence) if self.diagnose else (found, skipped)
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
         if not parents:

@@ -132,6 +132,9 @@ class LLMChoiceOperator(LLMOperator):
         keys = {a.entry.id: self.rng.random() ** (1.0 / weights[a.entry.id]) for a in fired}
         fired.sort(key=lambda a: -keys[a.entry.id])
         knobs = tunable_knobs(parent, self.fixed, self.library.tried(parent, evidence)) if self.offer_knobs else {}
+        named = evidence.triage(list(knobs))
+        if named:   # a blocking alert fired: its knobs only (the fired entries are triaged by the library)
+            knobs = {k: knobs[k] for k in named}
         return fired, knobs
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:

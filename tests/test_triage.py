@@ -1,0 +1,78 @@
+"""Triage: while a blocking alert fires (``adapter_stuck``: live groups, yet training changed no held-out
+answer), the diagnosing operators offer only the changes it names. On the misfit suite setting every
+child tied its control at exactly 0.000 while the learning-rate entry went undrawn: a change that acts
+through training cannot show while training moves nothing."""
+
+from __future__ import annotations
+
+import logging
+
+from evotrainer.fitness.engine_metrics import engine_alerts
+from evotrainer.genome import reference_program
+from evotrainer.operators.evidence import Evidence
+from evotrainer.operators.knobs import KnobOperator
+from evotrainer.operators.library import LibraryOperator, RandomLibraryOperator
+from evotrainer.operators.llm_choice import LLMChoiceOperator
+
+# The report of a misfit-recipe child (dev run, domain seed 0): a quarter of the groups had a gradient,
+# no held-out answer changed, and the dead groups raise insufficient_signal beside adapter_stuck.
+METRICS = {"heldout_changed_rate": 0.0, "dead_group_ratio": 0.75, "reward_std": 0.29, "train_correct_rate": 0.06,
+           "heldout_accuracy": 0.167, "truncation_rate": 0.4, "kept_group_ratio": 1.0}
+
+
+def report(metrics: dict) -> dict:
+    return {"metrics": metrics, "alerts": engine_alerts(metrics)}
+
+
+STUCK = Evidence(health_report=report(METRICS))
+MOVING = Evidence(health_report=report(METRICS | {"heldout_changed_rate": 0.3}))   # the same, adapter moving
+
+
+def test_triage_names_the_knobs_a_blocking_alert_names_and_is_silent_otherwise():
+    assert any(a["name"] == "adapter_stuck" for a in STUCK.alerts())
+    assert STUCK.triage(["temperature", "learning_rate", "num_generations"]) == ["learning_rate"]
+    assert STUCK.triage(["temperature"]) == []
+    assert MOVING.triage(["learning_rate"]) is None and Evidence().triage(["learning_rate"]) is None
+
+
+def test_the_library_offers_only_the_learning_rate_entries_while_the_adapter_is_stuck():
+    parent = reference_program()
+    found, skipped = LibraryOperator(seed=0).applicable(parent, STUCK)
+    assert found and {a.entry.move.knob for a in found if a.entry.move} == {"learning_rate"}
+    assert all(a.entry.move is not None for a in found)
+    assert "unstick_learning_rate" in {a.entry.id for a in found}
+    assert any("blocking alert" in why for why in skipped.values())
+    moving, _ = LibraryOperator(seed=0).applicable(parent, MOVING)      # no blocking alert: the usual draw
+    assert len(moving) > len(found) and any(a.entry.move is None for a in moving)
+    for seed in range(5):
+        assert LibraryOperator(seed=seed).propose([parent], STUCK).factors == ["knob:learning_rate"]
+
+
+def test_the_baseline_draws_at_random_whatever_the_report_says():
+    found, _ = RandomLibraryOperator(seed=0).applicable(reference_program(), STUCK)
+    assert len({a.entry.factor for a in found}) > 3
+
+
+def test_when_no_named_change_is_left_the_library_offers_every_fired_entry_and_says_so(caplog):
+    parent = reference_program()
+    lr_entries = [e.id for e in LibraryOperator(seed=0).entries if e.move and e.move.knob == "learning_rate"]
+    tried = Evidence(health_report=STUCK.health_report, refuted={f"{parent.hash}:{e}" for e in lr_entries})
+    with caplog.at_level(logging.INFO, logger="evotrainer.operators.library"):
+        found, _ = LibraryOperator(seed=0).applicable(parent, tried)
+    assert found and all(a.entry.id not in lr_entries for a in found)
+    assert "no untried entry moves a knob it names" in caplog.text
+
+
+def test_the_knobs_operator_moves_only_the_learning_rate_while_the_adapter_is_stuck(tmp_path):
+    op = KnobOperator(seed=0, storage=f"sqlite:///{tmp_path}/optuna.db", study_name="t")
+    parent = reference_program()
+    assert {op.propose([parent], STUCK).factors[0] for _ in range(4)} == {"knob:learning_rate"}
+    assert len({op.propose([parent], MOVING).factors[0] for _ in range(12)}) > 1
+
+
+def test_llm_choice_is_offered_the_learning_rate_alone(tmp_path):
+    fired, knobs = LLMChoiceOperator(seed=0).options(reference_program(), STUCK)
+    assert list(knobs) == ["learning_rate"]
+    assert {a.entry.move.knob for a in fired} == {"learning_rate"}
+    _, open_knobs = LLMChoiceOperator(seed=0).options(reference_program(), MOVING)
+    assert len(open_knobs) > 1
