@@ -19,6 +19,7 @@ from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.stages.gating import GateInputs, gate_version
 from evotrainer.loop.tools.validate import validate_resources
 from evotrainer.records.rollout import Rollout
+from evotrainer.records.version import VersionDir
 
 from tests.loop_runs import tiny_cfg
 from tests.test_gate_stage import write
@@ -156,3 +157,37 @@ def test_a_raced_run_records_its_decisions_on_disk(raced_run):
         path = exp.vdir(vid).path / "decision.json"
         if path.is_file() and exp.vdir(vid).meta().operator:
             assert "race" in json.loads(path.read_text())["paired"]
+
+
+def test_a_race_killed_between_its_two_sides_resumes_without_repeating_a_task(tmp_path):
+    """Killed (kill -9) after one side's round was saved and before the other's: the resumed gate
+    verifies only what each side lacks, and both pair on the same tasks."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.loop_runs import check_invariants
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg(run_dir, generations=2, children_per_generation=2, race_cap=24)
+    cfg["domain"]["n_heldout"], cfg["train"]["eval_size"] = 40, 12
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cli = [sys.executable, "-m", "evotrainer.cli.app"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "EVOTRAINER_CRASH_AT": "race:round-saved"}
+    died = subprocess.run(cli + ["run", str(path)], capture_output=True, text=True, env=env, timeout=900)
+    assert died.returncode == 137, died.stdout[-1500:] + died.stderr[-1500:]
+    env.pop("EVOTRAINER_CRASH_AT")
+    done = subprocess.run(cli + ["resume", str(run_dir)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    state, metas = check_invariants(run_dir)
+    assert state.status == "finished"
+    raced = [m for m in metas.values() if m.operator and ((m.decision or {}).get("paired") or {}).get("race")]
+    assert raced
+    for m in raced:
+        child = [r.task_id for r in VersionDir(run_dir / "versions" / m.id).rollouts(RACE)]
+        control = [r.task_id for r in VersionDir(run_dir / "versions" / m.decision["parent"]).rollouts(RACE)]
+        assert len(child) == len(set(child)) and len(control) == len(set(control))
+        assert set(child) <= set(control) and len(child) == m.decision["paired"]["race"]["n_tasks"] - 6

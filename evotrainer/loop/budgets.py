@@ -24,7 +24,7 @@ class BudgetReached(Exception):
 TIME_LABELS = {"gen": "rollouts", "train": "gradient steps", "verify": "held-out verification", "propose": "proposals",
                "backtest": "backtests", "record": "MLflow", "health": "health reports", "gate": "gates",
                "adapter": "adapter load/save", "load": "model load", "finish": "lineage and plots",
-               "test": "test split of the final pick"}
+               "test": "test split of the final pick", "race": "racing gate rounds"}
 LIMITS = ("train_steps", "rollout_tokens", "wall_time_s", "llm_calls", "llm_tokens", "llm_cost_usd")
 
 

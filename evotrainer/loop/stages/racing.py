@@ -22,6 +22,7 @@ from evotrainer.fitness.gates import RACE, race_state
 from evotrainer.fitness.gate_config import gate_config
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
+from evotrainer.loop.crash import crash_point
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.stages.gating import control_of
 from evotrainer.loop.stages.training import HARNESS_FAILURES
@@ -99,6 +100,7 @@ def verify_round(exp: RunContext, vids: list[str], tasks: list) -> bool:
     for vid, rollouts in zip(owners, results):
         vd = exp.vdir(vid)
         vd.save_rollouts(RACE, vd.rollouts(RACE) + rollouts)
+        crash_point("race:round-saved")   # one side's round saved, the other's not: resume verifies what is missing
         exp.budgets.spend(rollout_tokens=sum(r.num_tokens for r in rollouts), verify_seconds=seconds / len(owners),
                           race_seconds=seconds / len(owners))
     return True
