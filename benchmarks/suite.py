@@ -76,14 +76,23 @@ def git_commit() -> str:
 
 @dataclass(frozen=True)
 class Options:
-    """What a suite invocation changes for smoke runs (the suite itself runs with none of it)."""
+    """What a suite invocation changes: smoke runs (model, sets, steps), and a fresh test draw
+    (``domain_seed``) on which an `evolve` changed after the suite's test scores were seen is measured
+    again (its rows go to ``results/suite_ds<seed>/``, beside reference and random-library rows of
+    that draw, never mixed with the suite's own)."""
     results: Path = RESULTS
     model: str | None = None
     sets: tuple[str, ...] = ()
     steps: int | None = None
+    domain_seed: int = DOMAIN_SEED
 
     def overrides(self) -> list[str]:
-        return [f"domain.seed={DOMAIN_SEED}", *([f"model={self.model}"] if self.model else []), *self.sets]
+        return [f"domain.seed={self.domain_seed}", *([f"model={self.model}"] if self.model else []), *self.sets]
+
+
+def draw_results(domain_seed: int) -> Path:
+    """Where a fresh draw's rows go."""
+    return RESULTS.parent / f"suite_ds{domain_seed}"
 
 
 def setting_config(name: str, opts: Options = Options()):
@@ -116,7 +125,7 @@ def load(name: str, opts: Options = Options()) -> dict:
         return json.loads(p.read_text())
     s = SETTINGS[name]
     return {"setting": name, "why": s.why, "config": f"benchmarks/configs/suite/{s.config}",
-            "steps": steps_of(name, opts), "domain_seed": DOMAIN_SEED, "overrides": opts.overrides(),
+            "steps": steps_of(name, opts), "domain_seed": opts.domain_seed, "overrides": opts.overrides(),
             "protocol": "equal total training steps", "runs": {}, "scored_on_test": []}
 
 
@@ -218,7 +227,13 @@ def main() -> None:
     r.add_argument("--model", default=None, help="smoke runs only: another model (e.g. tiny-random)")
     r.add_argument("--steps", type=int, default=None, help="smoke runs only: every setting's total steps")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="smoke runs only: a config override")
-    sub.add_parser("summary", help="write suite_summary.json and the README's table from the raw results")
+    r.add_argument("--draw", type=int, default=None, metavar="DOMAIN_SEED",
+                   help=f"a fresh test draw (not {DOMAIN_SEED}): rows go to benchmarks/results/suite_ds<seed>/ "
+                        "unless --results says otherwise")
+    sm = sub.add_parser("summary", help="write suite_summary.json and the README's table from the raw results")
+    sm.add_argument("--draw", type=int, default=None, metavar="DOMAIN_SEED",
+                    help="summarise a fresh draw's rows instead (printed and written beside them; the README "
+                         "keeps the suite's table)")
     args = ap.parse_args()
     if args.command == "run":
         names = args.settings.split(",")
@@ -226,8 +241,17 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"--settings: unknown {unknown}; the suite's settings are {', '.join(SETTINGS)}")
         seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
-        opts = Options(Path(args.results), args.model, tuple(args.set), args.steps)
+        if args.draw is not None and args.draw == DOMAIN_SEED:
+            raise SystemExit(f"--draw: {DOMAIN_SEED} is the suite's own draw; a fresh draw is another domain seed")
+        results = Path(args.results) if args.results != str(RESULTS) or args.draw is None else draw_results(args.draw)
+        opts = Options(results, args.model, tuple(args.set), args.steps, args.draw if args.draw is not None else DOMAIN_SEED)
         run(names, seeds, args.modes.split(","), Path(args.out), opts)
+    elif args.draw is not None:
+        from suite_summary import draw_table, summarize
+
+        summary = summarize(draw_results(args.draw))
+        (draw_results(args.draw) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print(draw_table(summary, args.draw))
     else:
         from split_ledger import write_ledger
         from suite_summary import write_summary

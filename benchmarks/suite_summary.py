@@ -148,6 +148,11 @@ def readme_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def draw_table(summary: dict, domain_seed: int) -> str:
+    """A fresh draw's table (``suite.py summary --draw``): the settings run there, labelled by the draw."""
+    return f"Fresh test draw, domain.seed {domain_seed} (only the settings and seeds run on it):\n\n" + readme_table(summary)
+
+
 def readme_with_table(readme: str, table: str) -> str:
     if START not in readme or END not in readme:
         raise SystemExit(f"README.md has no suite table markers ({START} ... {END})")

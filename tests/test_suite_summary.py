@@ -94,10 +94,12 @@ def test_too_few_runs_says_so(tmp_path):
 
 
 def test_the_suite_runs_on_the_tiny_model_and_resumes(tmp_path):
-    """One setting, one seed, every mode, as `suite.py run` does it (the tiny model, 2 steps): the raw
-    file holds each mode's row with its commit and config hash, the untrained model's score on a test
-    split of distinct tasks, and every variant scored on it; a second invocation runs nothing."""
+    """One setting, one seed, every mode, as `suite.py run` does it (the tiny model, 2 steps, on a fresh
+    draw): the raw file holds each mode's row with its commit and config hash, the untrained model's
+    score on a test split of distinct tasks, and every variant scored on it; a second invocation runs
+    nothing."""
     args = [sys.executable, str(ROOT / "benchmarks" / "suite.py"), "run", "--settings", "math-learns", "--seeds", "0",
+            "--draw", "48",
             "--model", "tiny-random", "--steps", "2", "--set", "evolution.llm.model=tiny-random",
             "--set", "evolution.steps_per_generation=1", "--set", "domain.n_test=6", "--set", "domain.n_heldout=8",
             "--set", "grpo.max_completion_length=32", "--set", "train.eval_max_new_tokens=6",
@@ -112,7 +114,14 @@ def test_the_suite_runs_on_the_tiny_model_and_resumes(tmp_path):
         assert len(r["test_scores"]) == 6 and r["train_steps"] >= 2
     assert {v["variant"] for v in data["scored_on_test"]} == {"reference", "evolve", "random-library"}
     assert "model=tiny-random" in data["overrides"]
+    assert data["domain_seed"] == 48 and "domain.seed=48" in data["overrides"]   # the fresh draw, not the suite's
     again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "seed 0: test" not in again.stdout
     s = summarize(tmp_path / "raw")
     assert set(s["settings"]["math-learns"]["delta"]) == {"evolve-reference", "evolve-random-library"}
+
+
+def test_a_fresh_draw_is_another_domain_seed_than_the_suites():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "run", "--draw", "47"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "a fresh draw is another domain seed" in out.stderr
