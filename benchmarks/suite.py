@@ -122,7 +122,11 @@ def config_hash(name: str, opts: Options = Options()) -> str:
 def load(name: str, opts: Options = Options()) -> dict:
     p = opts.results / f"{name}.json"
     if p.exists():
-        return json.loads(p.read_text())
+        data = json.loads(p.read_text())
+        if data.get("domain_seed", opts.domain_seed) != opts.domain_seed:   # two draws never share a file
+            raise SystemExit(f"{p} holds rows of domain seed {data['domain_seed']}, not {opts.domain_seed}: "
+                             "give this draw its own --results folder")
+        return data
     s = SETTINGS[name]
     return {"setting": name, "why": s.why, "config": f"benchmarks/configs/suite/{s.config}",
             "steps": steps_of(name, opts), "domain_seed": opts.domain_seed, "overrides": opts.overrides(),
@@ -229,7 +233,7 @@ def main() -> None:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="smoke runs only: a config override")
     r.add_argument("--draw", type=int, default=None, metavar="DOMAIN_SEED",
                    help=f"a fresh test draw (not {DOMAIN_SEED}): rows go to benchmarks/results/suite_ds<seed>/ "
-                        "unless --results says otherwise")
+                        "and runs to runs/suite_ds<seed>/ unless --results and --out say otherwise")
     sm = sub.add_parser("summary", help="write suite_summary.json and the README's table from the raw results")
     sm.add_argument("--draw", type=int, default=None, metavar="DOMAIN_SEED",
                     help="summarise a fresh draw's rows instead (printed and written beside them; the README "
@@ -244,8 +248,9 @@ def main() -> None:
         if args.draw is not None and args.draw == DOMAIN_SEED:
             raise SystemExit(f"--draw: {DOMAIN_SEED} is the suite's own draw; a fresh draw is another domain seed")
         results = Path(args.results) if args.results != str(RESULTS) or args.draw is None else draw_results(args.draw)
+        out = Path(args.out) if args.out != "runs/suite" or args.draw is None else Path(f"runs/suite_ds{args.draw}")
         opts = Options(results, args.model, tuple(args.set), args.steps, args.draw if args.draw is not None else DOMAIN_SEED)
-        run(names, seeds, args.modes.split(","), Path(args.out), opts)
+        run(names, seeds, args.modes.split(","), out, opts)   # (a draw's runs never resume another draw's)
     elif args.draw is not None:
         from suite_summary import draw_table, summarize
 

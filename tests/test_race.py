@@ -119,4 +119,4 @@ def test_a_race_asks_for_more_tasks_until_its_next_look_and_reads_only_whole_loo
 def test_the_z_statistic_is_the_paired_one_and_says_a_sign_when_every_delta_is_equal():
     assert z_statistic([1.0, 0.0, 1.0, 0.0]) == pytest.approx(0.5 / (np.std([1, 0, 1, 0], ddof=1) / 2))
     assert z_statistic([0.5, 0.5]) == float("inf") and z_statistic([0.0, 0.0]) == 0.0
-    assert z_statistic([0.2, 0.2], min_delta=0.2) == 0.0 and z_statistic([0.1]) == 0.0
+    assert z_statistic([0.2, 0.2], min_delta=0.2) == 0.0 and z_statistic([0.1]) == 0.0 and z_statistic([]) == 0.0

@@ -113,8 +113,8 @@ def test_a_race_the_pool_cannot_hold_is_refused_before_any_compute(tmp_path):
     del cfg["train"]["eval_size"]
     with pytest.raises(ConfigError, match="set train.eval_size"):
         validate_resources(parse_config(cfg), loop=True)
-    cfg["train"]["eval_size"], cfg["evolution"]["race_cap"] = 12, 4
-    with pytest.raises(ConfigError, match="below the gate draw's 6 tasks"):
+    cfg["train"]["eval_size"], cfg["evolution"]["race_cap"] = 12, 6
+    with pytest.raises(ConfigError, match="no second look after the gate draw's 6 tasks"):
         validate_resources(parse_config(cfg), loop=True)
 
 
@@ -191,3 +191,19 @@ def test_a_race_killed_between_its_two_sides_resumes_without_repeating_a_task(tm
         control = [r.task_id for r in VersionDir(run_dir / "versions" / m.decision["parent"]).rollouts(RACE)]
         assert len(child) == len(set(child)) and len(control) == len(set(control))
         assert set(child) <= set(control) and len(child) == m.decision["paired"]["race"]["n_tasks"] - 6
+        assert m.decision["paired"]["race"]["stopped"] != "continue"   # the resumed race went on to a decision
+
+
+def test_a_child_judged_against_its_parent_is_not_raced(tmp_path):
+    """Its sibling failed before verification, so the gate falls back to the parent, which trained k
+    fewer steps: a race would measure those steps, so the fixed gate draw decides."""
+    versions = RunVersions(tmp_path / "versions")
+    write(versions, "v0000", [], 0, 4, status="kept")
+    write(versions, "v0001", ["v0000"], 1, None, status="rejected")
+    write(versions, "v0002", ["v0000"], 1, 12, operator="knobs")
+    asked: list[str] = []
+    run = GateInputs(versions, GateConfig(race_cap=64), keep_ties=True, domain="math", history=[], race=asked.append)
+    gate_version(run, "v0002")
+    meta = versions.vdir("v0002").meta()
+    assert asked == [] and meta.decision["parent"] == "v0000" and "race" not in meta.decision["paired"]
+    assert meta.status == "promoted"      # 12/16 against 4/16: the fixed gate's bootstrap decides

@@ -121,7 +121,11 @@ def test_the_suite_runs_on_the_tiny_model_and_resumes(tmp_path):
     assert set(s["settings"]["math-learns"]["delta"]) == {"evolve-reference", "evolve-random-library"}
 
 
-def test_a_fresh_draw_is_another_domain_seed_than_the_suites():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "run", "--draw", "47"],
-                         capture_output=True, text=True, timeout=300)
+def test_a_fresh_draw_is_another_domain_seed_than_the_suites(tmp_path):
+    suite = [sys.executable, str(ROOT / "benchmarks" / "suite.py"), "run"]
+    out = subprocess.run(suite + ["--draw", "47"], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "a fresh draw is another domain seed" in out.stderr
+    (tmp_path / "math-learns.json").write_text(json.dumps({"setting": "math-learns", "domain_seed": 47, "runs": {}}))
+    mixed = subprocess.run(suite + ["--draw", "48", "--settings", "math-learns", "--results", str(tmp_path)],
+                           capture_output=True, text=True, timeout=300)
+    assert mixed.returncode != 0 and "holds rows of domain seed 47, not 48" in mixed.stderr

@@ -12,6 +12,7 @@ population rather than one lineage with short-lived children.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Callable, ContextManager
@@ -81,13 +82,18 @@ def gate_version(run: GateInputs, vid: str, finish: bool = True) -> None:
     control_dir = run.versions.vdir(control) if control else None
     health = vd.path / "health.json"   # written by verification: the gate judges that same report
     report = HealthReport.from_dict(json.loads(health.read_text())) if health.is_file() else None
+    config = run.config
+    if is_child and control is not None and control == meta.parents[0] and config.race_cap is not None:
+        # Against its parent (its sibling failed) the child has trained k more steps: a race would read
+        # that, not the change, so the fixed gate draw decides (loop/stages/racing.py skips it too).
+        config = dataclasses.replace(config, race_cap=None)
     with run.timed("gate"):
-        decision = gate(vd.path, control_dir.path if control_dir else None, run.config, labels=run.labels,
+        decision = gate(vd.path, control_dir.path if control_dir else None, config, labels=run.labels,
                         report=report)
     if run.race is not None and decision.valid and ((decision.paired or {}).get("race") or {}).get("stopped") == "continue":
         run.race(vid)   # the gate draw left it open: further rounds for both sides (loop/stages/racing.py)
         with run.timed("gate"):
-            decision = gate(vd.path, control_dir.path, run.config, labels=run.labels, report=report)
+            decision = gate(vd.path, control_dir.path, config, labels=run.labels, report=report)
     human = (meta.decision or {}).get("human")   # a person's earlier decisions on it (loop/human/human_gate.py)
     meta.decision = decision.to_dict() | ({"human": human} if human else {})
     meta.violations = [{"name": "gate", "message": r} for r in decision.reasons

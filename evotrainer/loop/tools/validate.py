@@ -265,8 +265,8 @@ def _race_pool(cfg: Config, gate: int, pool: int) -> None:
     cap = cfg.evolution.race_cap
     if cap is None:
         return
-    if cap < gate:
-        raise ConfigError(f"field 'evolution.race_cap': {cap} is below the gate draw's {gate} tasks; raise it "
+    if cap <= gate:
+        raise ConfigError(f"field 'evolution.race_cap': {cap} leaves no second look after the gate draw's {gate} tasks; raise it "
                           f"(e.g. {4 * gate}: looks at {gate}, {2 * gate} and {4 * gate} tasks) or set it to null")
     if cfg.train.eval_size is None or pool < cap - gate:
         raise ConfigError(
