@@ -42,3 +42,20 @@ def test_parents_are_valid_seeded_and_favour_the_front():
     share_c = draws.count("c") / len(draws)
     assert share_c < 0.15 and all(draws.count(x) > draws.count("c") for x in "abd"), share_c
     assert parents([Candidate("x", 0.1, 1.0, valid=False)], 3) == [] and parents(cands(), 0) == []
+
+
+def test_at_an_equal_score_a_stuck_version_loses_the_elite():
+    """The misfit setting's exploit: the stuck control and a learning-rate child tied at 0.333 on the
+    selection draw, and the control (cheaper, earlier id) took the exploit budget it could not use."""
+    from evotrainer.fitness.engine_metrics import engine_alerts
+    from evotrainer.loop.stages.selection import reported_stuck
+
+    stuck_report = {"alerts": engine_alerts({"heldout_changed_rate": 0.0, "dead_group_ratio": 0.875})}
+    moving_report = {"alerts": engine_alerts({"heldout_changed_rate": 0.67, "dead_group_ratio": 0.875})}
+    assert reported_stuck(stuck_report) and not reported_stuck(moving_report) and not reported_stuck({})
+    control = Candidate("v0004", 0.333, 10.0, stuck=reported_stuck(stuck_report))
+    child = Candidate("v0006", 0.333, 12.0, stuck=reported_stuck(moving_report))
+    other = Candidate("v0007", 0.25, 11.0)
+    assert survivors([control, child, other], 1) == ["v0006"]
+    assert survivors([Candidate("v0004", 0.333, 10.0), Candidate("v0006", 0.333, 12.0), other], 1) == ["v0004"]
+    assert survivors([control, Candidate("v0006", 0.30, 12.0), other], 1) == ["v0004"]   # only a tie

@@ -39,6 +39,7 @@ def test_the_library_offers_only_the_learning_rate_entries_while_the_adapter_is_
     parent = reference_program()
     found, skipped = LibraryOperator(seed=0).applicable(parent, STUCK)
     assert found and {a.entry.move.knob for a in found if a.entry.move} == {"learning_rate"}
+    assert all(max(a.entry.move.factors or (2,)) > 1 for a in found)    # no entry that lowers it
     assert all(a.entry.move is not None for a in found)
     assert "unstick_learning_rate" in {a.entry.id for a in found}
     assert any("blocking alert" in why for why in skipped.values())
@@ -66,13 +67,26 @@ def test_when_no_named_change_is_left_the_library_offers_every_fired_entry_and_s
 def test_the_knobs_operator_moves_only_the_learning_rate_while_the_adapter_is_stuck(tmp_path):
     op = KnobOperator(seed=0, storage=f"sqlite:///{tmp_path}/optuna.db", study_name="t")
     parent = reference_program()
-    assert {op.propose([parent], STUCK).factors[0] for _ in range(4)} == {"knob:learning_rate"}
+    stuck = [op.propose([parent], STUCK) for _ in range(4)]
+    assert {iv.factors[0] for iv in stuck} == {"knob:learning_rate"}
+    assert all(iv.details["new"] > iv.details["old"] for iv in stuck)     # raised, as the alert asks
     assert len({op.propose([parent], MOVING).factors[0] for _ in range(12)}) > 1
 
 
 def test_llm_choice_is_offered_the_learning_rate_alone(tmp_path):
     fired, knobs = LLMChoiceOperator(seed=0).options(reference_program(), STUCK)
-    assert list(knobs) == ["learning_rate"]
+    assert list(knobs) == ["learning_rate"] and knobs["learning_rate"]
+    assert all(v > reference_program().knobs["learning_rate"]["value"] for v in knobs["learning_rate"])
     assert {a.entry.move.knob for a in fired} == {"learning_rate"}
     _, open_knobs = LLMChoiceOperator(seed=0).options(reference_program(), MOVING)
     assert len(open_knobs) > 1
+
+
+def test_a_learning_rate_at_the_top_of_its_range_falls_back_to_the_other_changes(tmp_path, caplog):
+    """Nothing can raise it further: the operators say so and propose something else, not nothing."""
+    top = reference_program().with_knobs(learning_rate=reference_program().knobs["learning_rate"]["range"][1])
+    with caplog.at_level(logging.INFO):
+        iv = LibraryOperator(seed=0).propose([top], STUCK)
+        knob = KnobOperator(seed=0, storage=f"sqlite:///{tmp_path}/optuna.db", study_name="t").propose([top], STUCK)
+    assert iv.factors != ["knob:learning_rate"] and knob.factors != ["knob:learning_rate"]
+    assert "every knob offered" in caplog.text

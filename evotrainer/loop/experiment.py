@@ -13,6 +13,7 @@ finished work and duplicates nothing (stages are idempotent; MLflow records are 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -40,7 +41,7 @@ from evotrainer.loop.stages.proposals import ProposalInputs, evidence_for
 from evotrainer.loop.stages.revert import apply_revert, plan_reverts
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.compute.runtime import Runtime
-from evotrainer.loop.stages.selection import Candidate, rank_score, survivors as select_survivors
+from evotrainer.loop.stages.selection import Candidate, rank_score, reported_stuck, survivors as select_survivors
 from evotrainer.loop.knowledge.skills import SkillLibrary
 from evotrainer.loop.stages.start import note_selection, verify_start
 from evotrainer.loop.tools.summary import print_summary
@@ -291,8 +292,9 @@ class Experiment:
             m = self.vdir(v).meta()
             if m.status in SETTLED:
                 # Ranked on the selection draw: the gate draw decided this version's promotion.
-                out.append(Candidate(v, rank_score(m.metrics), m.metrics.get("cost", 0.0),
-                                     cell=cell))
+                health = self.vdir(v).path / "health.json"
+                stuck = health.is_file() and reported_stuck(json.loads(health.read_text()))
+                out.append(Candidate(v, rank_score(m.metrics), m.metrics.get("cost", 0.0), cell=cell, stuck=stuck))
         return out
 
     def set_status(self, vid: str, status: str) -> None:

@@ -13,8 +13,9 @@ NAMED_WEIGHT = {"critical": 9.0, "warning": 3.0, "info": 3.0}
 # Alerts whose failure hides every other change's effect: training does not move the adapter, so a
 # child whose change acts through training ties its control by construction (every child of the misfit
 # suite setting tied at exactly 0.000). While one fires, the diagnosing operators offer only the
-# changes it names (triage: fix what blocks the others first); the drawn-at-random baseline does not.
-BLOCKING = frozenset({"adapter_stuck"})
+# changes it names (triage: fix what blocks the others first), moved the way it asks; the drawn-at-random
+# baseline does not.
+BLOCKING = {"adapter_stuck": "up"}   # alert -> the way it asks its knobs to move
 
 
 @dataclass
@@ -56,6 +57,10 @@ class Evidence:
             return None
         text = " ".join(str(v) for a in blocking for v in a.values()).lower()
         return [n for n in names if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n.lower())}(?![A-Za-z0-9_])", text)]
+
+    def triage_direction(self) -> str | None:
+        """The way ("up" or "down") a firing blocking alert asks its knobs to move; None when none fires."""
+        return next((BLOCKING[n] for a in self.alerts() if (n := a.get("name") or a.get("rule")) in BLOCKING), None)
 
     def summary(self) -> dict[str, Any]:
         """What an intervention records as the evidence it used (small, JSON-able)."""

@@ -145,16 +145,8 @@ class KnobOperator:
             inert.add("beta")
         names = [n for n in knobs if (self.only is None or n in self.only) and n not in inert]
         # A knob whose range or choices admit one value cannot make a child.
-        names = [n for n in names if "choices" in knobs[n] and len(knobs[n]["choices"]) > 1
-                 or "range" in knobs[n] and knobs[n]["range"][0] != knobs[n]["range"][1]]
-        named = evidence.triage(names)   # a blocking alert fired: only the knobs it names
-        if named:
-            log.info("knobs: a blocking alert fired on %s's report; only %s offered", parent.short_hash, ", ".join(named))
-            return named
-        if named is not None:
-            log.info("knobs: a blocking alert fired on %s's report but names no tunable knob; every knob offered",
-                     parent.short_hash)
-        return names
+        return [n for n in names if "choices" in knobs[n] and len(knobs[n]["choices"]) > 1
+                or "range" in knobs[n] and knobs[n]["range"][0] != knobs[n]["range"][1]]
 
     def _choose_knob(self, names: list[str], evidence: Evidence) -> str:
         """Knobs that the health report's alerts name are likelier to be chosen (``Evidence.named_weight``:
@@ -184,17 +176,36 @@ class KnobOperator:
         if not names:
             raise OperatorError("the parent declares no tunable knob" + (f" among {self.only}" if self.only else ""),
                                 "input")
+        named = evidence.triage(names)   # a blocking alert fired: the knobs it names first
+        if named:
+            log.info("knobs: a blocking alert fired on %s's report; only %s offered", parent.short_hash, ", ".join(named))
+            try:
+                return self._propose_from(parent, knobs, named, evidence)
+            except OperatorError as err:
+                log.info("knobs: no new child from the knob(s) the blocking alert names (%s); every knob offered",
+                         err.reason)
+        elif named is not None:
+            log.info("knobs: a blocking alert fired on %s's report but names no tunable knob; every knob offered",
+                     parent.short_hash)
+        return self._propose_from(parent, knobs, names, evidence)
+
+    def _propose_from(self, parent, knobs: dict, names: list[str], evidence: Evidence) -> Intervention:
         last: OperatorError | None = None
+        raising = set(evidence.triage(names) or ()) if evidence.triage_direction() == "up" else set()
         for _ in range(self.max_attempts):
             knob = self._choose_knob(names, evidence)
             spec = knobs[knob]
             dist = knob_distribution(spec)
             trial = self.study.ask()
             value = suggest(trial, self._param_name(knob, dist), dist)
+            if knob in raising and isinstance(value, int | float) and not isinstance(value, bool) and value <= spec["value"]:
+                self.study.tell(trial, state=TrialState.FAIL)   # the blocking alert asks to raise it
+                last = OperatorError(f"knob {knob}={value!r} does not raise it, as the blocking alert asks", "input")
+                continue
             try:
                 child = parent.with_knobs(**{knob: value})
                 intervention = make_intervention(
-                    self.name, parents[:1], child, evidence,
+                    self.name, [parent], child, evidence,
                     hypothesis=self._hypothesis(knob, spec["value"], value),
                     expected_effect=ExpectedEffect(FITNESS_METRIC, "delta>", 0.0),
                     details={"knob": knob, "old": spec["value"], "new": value, "trial": trial.number},

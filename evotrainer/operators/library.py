@@ -109,13 +109,23 @@ def triaged(found: list[Applicable], skipped: dict[str, str], evidence: Evidence
     named = evidence.triage(moved)
     if named is None:
         return found, skipped
-    keep = [a for a in found if a.entry.move is not None and a.entry.move.knob in named]
+    keep = [a for a in found if a.entry.move is not None and a.entry.move.knob in named
+            and moves_as_asked(a.entry.move, evidence.triage_direction())]
     if not keep:
         log.info("library: a blocking alert fired, but no untried entry moves a knob it names; every fired "
                  "entry is offered")
         return found, skipped
     left = {a.entry.id: "a blocking alert fired: only the changes it names are offered" for a in found if a not in keep}
     return keep, skipped | left
+
+
+def moves_as_asked(move, direction: str | None) -> bool:
+    """Whether a knob move goes the way a blocking alert asks (any of its factors, or its step)."""
+    if direction is None or move.to is not None:
+        return True
+    if move.factors:
+        return any(f > 1 for f in move.factors) if direction == "up" else any(f < 1 for f in move.factors)
+    return move.direction == direction
 
 
 def _child_hash(entry: LibraryEntry, parent: HarnessProgram, params: dict[str, Any]) -> str | None:
@@ -217,7 +227,13 @@ class LibraryOperator:
             log.info("library: left out %s on %s: %s", ", ".join(left_out), getattr(parent, "hash", "?")[:8],
                      SINGLE_TURN_ONLY)
         failures, kind, weights = [], "input", self.draw_weights(evidence)
-        while found:
+        held_back = [a for a in applicable_entries(parent, evidence, [e for e in self.entries if self.weights.get(
+            e.id, 0.0) > 0], self.tried(parent, evidence), self.diagnose)[0] if a.entry.id not in {f.entry.id for f in found}]
+        while found or held_back:
+            if not found:   # every change a blocking alert names failed on this parent: the others, said
+                log.info("library: every entry the blocking alert names failed on %s; the other fired entries are "
+                         "offered", getattr(parent, "hash", "?")[:8])
+                found, held_back = held_back, []
             pick = self.rng.choices(found, weights=[weights[a.entry.id] for a in found])[0]
             found.remove(pick)
             params = self.rng.choice(pick.combinations)

@@ -133,8 +133,12 @@ class LLMChoiceOperator(LLMOperator):
         fired.sort(key=lambda a: -keys[a.entry.id])
         knobs = tunable_knobs(parent, self.fixed, self.library.tried(parent, evidence)) if self.offer_knobs else {}
         named = evidence.triage(list(knobs))
-        if named:   # a blocking alert fired: its knobs only (the fired entries are triaged by the library)
-            knobs = {k: knobs[k] for k in named}
+        if named:   # a blocking alert fired: its knobs only, moved its way (the library triages the entries)
+            up = evidence.triage_direction() == "up"
+            current = {k: parent.knobs[k]["value"] for k in named}
+            moved = {k: [v for v in knobs[k] if not isinstance(v, int | float) or isinstance(v, bool)
+                         or (v > current[k] if up else v < current[k])] for k in named}
+            knobs = {k: vs for k, vs in moved.items() if vs} or knobs
         return fired, knobs
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:

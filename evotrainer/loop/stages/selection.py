@@ -43,6 +43,11 @@ def rank_score(metrics: dict) -> float:
             + SIGNAL_SCALE * (metrics.get("train_live_groups") or 0.0))
 
 
+def reported_stuck(report: dict) -> bool:
+    """Whether a health report (``health.json``) raised the engine's ``adapter_stuck`` alert."""
+    return any(isinstance(a, dict) and a.get("name") == "adapter_stuck" for a in report.get("alerts") or [])
+
+
 def groups_with_gradient(train: Sequence[Rollout], steps: Sequence[dict]) -> float | None:
     """The share of a version's training groups that gave its update a gradient (``train_live_groups``):
     a reward difference between members, or, at a step that imitated guided calls (``guided_imitation``:
@@ -68,6 +73,12 @@ class Candidate:
     cost: float
     valid: bool = True
     cell: str | None = None    # its harness descriptor's cell (loop/stages/diversity.py); None: not described
+    # Its report raised adapter_stuck: its groups had a gradient, yet its training changed almost no
+    # held-out answer. At an equal score it loses the elite's place to a version whose training moves:
+    # a stuck lineage repeats itself under any continuation, as a dead one does (the misfit setting's
+    # exploit went to the stuck control over a learning-rate child tied with it). As a parent it stays
+    # welcome: triage gives its children the learning-rate change it needs.
+    stuck: bool = False
 
     def __post_init__(self) -> None:
         self.fitness = _Fitness((self.score, self.cost))
@@ -81,7 +92,7 @@ def survivors(cands: Sequence[Candidate], k: int, method: str = "nsga2", elitism
     valid = [c for c in cands if c.valid]
     if len(valid) <= k:
         return [c.version_id for c in valid]
-    elite = sorted(valid, key=lambda c: (-c.score, c.cost, c.version_id))[:min(elitism, k)]
+    elite = sorted(valid, key=lambda c: (-c.score, c.stuck, c.cost, c.version_id))[:min(elitism, k)]
     picked = elite + _fill(valid, elite, k, method, tournament_size, seed)
     return [c.version_id for c in diversify(picked, valid, min_cells, len(elite), "survivors", say)]
 
