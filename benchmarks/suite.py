@@ -255,7 +255,8 @@ def main() -> None:
         from suite_summary import draw_table, summarize
 
         summary = summarize(draw_results(args.draw))
-        (draw_results(args.draw) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        # beside the draw's folder, not in it: the folder holds one raw file per setting
+        draw_results(args.draw).with_name(f"suite_ds{args.draw}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(draw_table(summary, args.draw))
     else:
         from split_ledger import write_ledger

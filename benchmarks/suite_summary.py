@@ -108,7 +108,8 @@ def _seeds(d: dict | None) -> str:
 def verdict(summary: dict) -> str:
     """The first sentence about results: whether `evolve` as shipped beats both baselines, pooled."""
     pooled, runs = summary["pooled"]["delta"], summary["runs"]
-    count = f"{runs['done']} of {runs['planned']} runs" if "planned" in runs else f"{runs['done']} runs"
+    count = (f"{runs['done']} of {runs['planned']} runs" if "planned" in runs
+             else f"{runs['done']} run" + ("" if runs["done"] == 1 else "s"))
     ref, rnd = pooled.get("evolve-reference"), pooled.get("evolve-random-library")
     if not ref or not rnd:
         return f"**The suite has too few runs to compare modes yet** ({count})."
