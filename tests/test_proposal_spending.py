@@ -67,8 +67,11 @@ def test_promoted_factors_compound(tmp_path):
     cfg = tiny_cfg(tmp_path / "run", generations=2, population_size=3, operators={"knobs": 1.0})
     # A reward with a length tie-break: the tiny model's groups carry signal, so the knobs operator draws
     # from every knob (on a parent whose every group was dead it leaves out those that act only in a step).
+    # At the top of its range the learning rate cannot be raised: the tiny model's greedy answers barely
+    # move, so adapter_stuck fires and triage would otherwise give every knob child the learning rate.
     harness = tmp_path / "learns.py"
-    harness.write_text(always_learns().source)
+    learns = always_learns()
+    harness.write_text(learns.with_knobs(learning_rate=learns.knobs["learning_rate"]["range"][1]).source)
     exp = Experiment(parse_config({**cfg, "harness": str(harness)}))
     exp.run()
     children = [exp.vdir(v).meta() for v in exp.versions() if exp.vdir(v).meta().operator == "knobs"]
