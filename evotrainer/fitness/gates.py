@@ -162,11 +162,16 @@ def race_deltas(child: list[Rollout], control: list[Rollout]) -> list[float]:
 
 
 def race_state(child_dir: str | Path, control_dir: str | Path, cfg: GateConfig) -> SequentialDecision:
-    """Where the racing gate stands on what both versions were verified on: its looks start at the gate
-    draw's size and double up to ``cfg.race_cap``."""
+    """Where the racing gate stands on what both versions were verified on (read from their folders)."""
     cv, pv = VersionDir(Path(child_dir)), VersionDir(Path(control_dir))
-    child, control = raced(cv.rollouts("heldout"), pv.rollouts("heldout"), cv.rollouts(RACE), pv.rollouts(RACE))
-    first = len({r.task_id for r in cv.rollouts("heldout")})
+    child_heldout = cv.rollouts("heldout")
+    child, control = raced(child_heldout, pv.rollouts("heldout"), cv.rollouts(RACE), pv.rollouts(RACE))
+    return race_state_of(child, control, len({r.task_id for r in child_heldout}), cfg)
+
+
+def race_state_of(child: list[Rollout], control: list[Rollout], first: int, cfg: GateConfig) -> SequentialDecision:
+    """The sequential test on paired rollouts (``raced``): its looks start at the gate draw's ``first``
+    tasks and double up to ``cfg.race_cap``."""
     return sequential_decision(race_deltas(child, control), looks(first, max(first, cfg.race_cap or first)),
                                level=cfg.level, min_delta=cfg.min_delta)
 
@@ -216,7 +221,8 @@ def gate(child: str | Path, parent: str | Path | None = None, cfg: GateConfig | 
     elif cfg.race_cap is not None and parent is not None:
         child, control = raced(cv.heldout, base, VersionDir(cv.path).rollouts(RACE),
                                VersionDir(Path(parent)).rollouts(RACE))
-        paired = race_decision(child, control, race_state(cv.path, parent, cfg), cfg)
+        state = race_state_of(child, control, len({r.task_id for r in cv.heldout}), cfg)   # the files read once
+        paired = race_decision(child, control, state, cfg)
     else:
         paired = paired_decision(cv.heldout, base, cfg)
     promote = valid and bool(paired.get("promote"))

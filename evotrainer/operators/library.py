@@ -199,9 +199,13 @@ class LibraryOperator:
 
     diagnose = True   # entries are offered when their trigger fires on the parent's health report
 
-    def applicable(self, parent: HarnessProgram, evidence: Evidence) -> tuple[list[Applicable], dict[str, str]]:
+    def fired(self, parent: HarnessProgram, evidence: Evidence) -> tuple[list[Applicable], dict[str, str]]:
+        """The entries that fire with an untried child, before triage."""
         entries = [e for e in self.entries if self.weights.get(e.id, 0.0) > 0]
-        found, skipped = applicable_entries(parent, evidence, entries, self.tried(parent, evidence), self.diagnose)
+        return applicable_entries(parent, evidence, entries, self.tried(parent, evidence), self.diagnose)
+
+    def applicable(self, parent: HarnessProgram, evidence: Evidence) -> tuple[list[Applicable], dict[str, str]]:
+        found, skipped = self.fired(parent, evidence)
         return triaged(found, skipped, evidence) if self.diagnose else (found, skipped)
 
     def propose(self, parents: list, evidence: Evidence) -> Intervention:
@@ -214,9 +218,11 @@ class LibraryOperator:
                                 "the parent's health report (a version's health.json), or use random_library, "
                                 "which draws entries without one", "input")
         try:
-            found, skipped = self.applicable(parent, evidence)
+            every, fired_skipped = self.fired(parent, evidence)
         except GenomeError as err:   # a parent whose KNOBS or hooks cannot be read offers nothing to edit
             raise OperatorError(f"cannot read the parent: {err}", "input") from err
+        found, skipped = triaged(every, fired_skipped, evidence) if self.diagnose else (every, fired_skipped)
+        held_back = [a for a in every if a not in found]   # what triage left out, tried if the rest fails
         if not found:
             fired = {k: v for k, v in skipped.items() if v != "trigger does not fire"}
             detail = "; ".join(f"{k}: {v}" for k, v in fired.items()) or "no trigger holds on the report's metrics"
@@ -227,8 +233,6 @@ class LibraryOperator:
             log.info("library: left out %s on %s: %s", ", ".join(left_out), getattr(parent, "hash", "?")[:8],
                      SINGLE_TURN_ONLY)
         failures, kind, weights = [], "input", self.draw_weights(evidence)
-        held_back = [a for a in applicable_entries(parent, evidence, [e for e in self.entries if self.weights.get(
-            e.id, 0.0) > 0], self.tried(parent, evidence), self.diagnose)[0] if a.entry.id not in {f.entry.id for f in found}]
         while found or held_back:
             if not found:   # every change a blocking alert names failed on this parent: the others, said
                 log.info("library: every entry the blocking alert names failed on %s; the other fired entries are "
