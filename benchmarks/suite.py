@@ -21,6 +21,8 @@ tasks within them (``evotrainer.fitness.seed_stats``), beside the per-seed delta
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -142,6 +144,20 @@ def save(name: str, data: dict, opts: Options = Options()) -> None:
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def locked(name: str, opts: Options = Options()):
+    """Holds ``<results>/<name>.lock``: two suite processes on one setting take turns to score the
+    untrained model and to add a row, so neither runs that score twice (two writers of one run
+    directory: the second stopped) nor drops the other's row between its read and its write."""
+    opts.results.mkdir(parents=True, exist_ok=True)
+    with open(opts.results / f"{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class SplitError(ValueError):
     """A setting whose test split repeats tasks: it is not run."""
 
@@ -188,30 +204,32 @@ def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path, 
         if name in refused or index >= len(s.seeds) or (seeds is not None and s.seeds[index] not in seeds):
             continue
         seed = s.seeds[index]
-        data = load(name, opts)
-        if any(r["seed"] == seed for r in data["runs"].get(mode, [])):
-            continue
-        if "untrained" not in data:
-            print(f"{name}: the untrained model on the test split", flush=True)
-            try:
-                data["untrained"] = test_split_check(name, out, opts)
-            except SplitError as err:
-                refused[name] = str(err)
-                print(f"not run: {err}", flush=True)
+        with locked(name, opts):
+            data = load(name, opts)
+            if any(r["seed"] == seed for r in data["runs"].get(mode, [])):
                 continue
-            save(name, data, opts)
+            if "untrained" not in data:
+                print(f"{name}: the untrained model on the test split", flush=True)
+                try:
+                    data["untrained"] = test_split_check(name, out, opts)
+                except SplitError as err:
+                    refused[name] = str(err)
+                    print(f"not run: {err}", flush=True)
+                    continue
+                save(name, data, opts)
         started = time.time()
         cfg_path = str(CONFIGS / s.config)
         row = run_mode(cfg_path, mode, "total", seed, steps_of(name, opts), out / name / f"{mode}-s{seed}",
                        sets=opts.overrides())
         row.pop("_exp")
         row.update(commit=git_commit(), config_hash=config_hash(name, opts), started=started)
-        data = load(name, opts)      # re-read: another process may have added a row meanwhile
-        data["runs"].setdefault(mode, []).append(row)
-        variant = {"variant": mode, "commit": row["commit"], "config_hash": row["config_hash"]}
-        if variant not in data["scored_on_test"]:
-            data["scored_on_test"].append(variant)
-        save(name, data, opts)
+        with locked(name, opts):
+            data = load(name, opts)      # re-read: another process may have added a row meanwhile
+            data["runs"].setdefault(mode, []).append(row)
+            variant = {"variant": mode, "commit": row["commit"], "config_hash": row["config_hash"]}
+            if variant not in data["scored_on_test"]:
+                data["scored_on_test"].append(variant)
+            save(name, data, opts)
         print(f"{name} {mode} seed {seed}: test {row['test']:.3f} (untrained {data['untrained']['test']:.3f}), "
               f"pick {row['best']} of {row['versions']} versions, {row['lineage_steps']} steps on its lineage, "
               f"wall {row['wall_s']:.0f} s", flush=True)

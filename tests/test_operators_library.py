@@ -307,7 +307,7 @@ def test_every_domains_reference_harness_lets_curriculum_and_prompt_entries_appl
 def test_a_policy_that_did_not_move_gets_an_order_of_magnitude_learning_rate(changed, fires, quiet):
     """TRL's default learning rate (1e-6, sized for full fine-tuning) leaves a LoRA adapter where it
     started: no greedy held-out answer changes though the groups had a gradient. Doubling it would not
-    help; the unstick entry moves it by 30-300x (clipped to the knob's range), and only on that report."""
+    help; the unstick entry moves it by 100-1000x (clipped to the knob's range), and only on that report."""
     report = {"metrics": {"heldout_delta": 0.0, "dead_group_ratio": 0.5, "heldout_changed_rate": changed}}
     op = get_operator("library", seed=0)
     fired = {a.entry.id for a in op.applicable(reference(), Evidence(health_report=report))[0]}
@@ -316,7 +316,7 @@ def test_a_policy_that_did_not_move_gets_an_order_of_magnitude_learning_rate(cha
     for params in ENTRIES["unstick_learning_rate"].combinations(parent):
         iv = propose_entry("library", parent, ENTRIES["unstick_learning_rate"], params, Evidence(health_report=report))
         new = iv.child().knobs["learning_rate"]["value"]
-        assert 3e-5 * 0.99 <= new <= 1e-3 and iv.factors == ["knob:learning_rate"]
+        assert 1e-4 * 0.99 <= new <= 1e-3 and iv.factors == ["knob:learning_rate"]
 
 
 def test_easy_first_starts_an_swe_curriculum_on_level_zero_issues():

@@ -129,3 +129,21 @@ def test_a_fresh_draw_is_another_domain_seed_than_the_suites(tmp_path):
     mixed = subprocess.run(suite + ["--draw", "48", "--settings", "math-learns", "--results", str(tmp_path)],
                            capture_output=True, text=True, timeout=300)
     assert mixed.returncode != 0 and "holds rows of domain seed 47, not 48" in mixed.stderr
+
+
+def test_two_suite_processes_on_one_setting_take_turns(tmp_path):
+    """Two `suite.py run` processes started together on one setting (two modes of one seed, as a
+    sitting with two cores runs it): the second waits for the first's untrained score instead of
+    stopping on its run directory, and both rows reach the raw file."""
+    base = [sys.executable, str(ROOT / "benchmarks" / "suite.py"), "run", "--settings", "math-learns", "--seeds", "0",
+            "--draw", "48", "--model", "tiny-random", "--steps", "1", "--set", "evolution.llm.model=tiny-random",
+            "--set", "evolution.steps_per_generation=1", "--set", "domain.n_test=6", "--set", "domain.n_heldout=8",
+            "--set", "grpo.max_completion_length=32", "--set", "train.eval_max_new_tokens=6",
+            "--results", str(tmp_path / "raw"), "--out", str(tmp_path / "runs")]
+    procs = [subprocess.Popen(base + ["--modes", mode], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for mode in ("reference", "random-library")]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    assert sum(out.count("the untrained model on the test split") for out, _ in outs) == 1
+    data = json.loads((tmp_path / "raw" / "math-learns.json").read_text())
+    assert set(data["runs"]) == {"reference", "random-library"}

@@ -10,7 +10,7 @@ import logging
 from evotrainer.fitness.engine_metrics import engine_alerts
 from evotrainer.genome import reference_program
 from evotrainer.operators.evidence import Evidence
-from evotrainer.operators.knobs import KnobOperator
+from evotrainer.operators.knobs import KnobOperator, raising_rungs
 from evotrainer.operators.library import LibraryOperator, RandomLibraryOperator
 from evotrainer.operators.llm_choice import LLMChoiceOperator
 
@@ -90,3 +90,24 @@ def test_a_learning_rate_at_the_top_of_its_range_falls_back_to_the_other_changes
         knob = KnobOperator(seed=0, storage=f"sqlite:///{tmp_path}/optuna.db", study_name="t").propose([top], STUCK)
     assert iv.factors != ["knob:learning_rate"] and knob.factors != ["knob:learning_rate"]
     assert "every knob offered" in caplog.text
+
+
+def test_a_stuck_adapter_is_offered_the_top_of_the_learning_rate_range_first(tmp_path):
+    """TPE's log-uniform draws raised TRL's 1e-6 to 4.4e-5 on the misfit setting and the lineage stayed
+    stuck: the rungs (the range's top, then half-decades below it) come first, each once per parent,
+    and a study reopened from its storage goes on down the ladder instead of starting it again."""
+    parent = reference_program().with_knobs(learning_rate=1e-6)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    op = KnobOperator(seed=0, storage=storage, study_name="t")
+    first = [op.propose([parent], STUCK) for _ in range(2)]
+    assert [iv.details["new"] for iv in first] == [1e-3, 3.16228e-4]
+    assert "largest untried step" in first[0].hypothesis
+    again = KnobOperator(seed=0, storage=storage, study_name="t")      # a resumed run
+    assert again.propose([parent], STUCK).details["new"] == 1e-4
+    after = again.propose([parent], STUCK).details["new"]              # no rung left: TPE draws, still raising
+    assert 1e-6 < after and after not in (1e-3, 3.16228e-4, 1e-4)
+    again.tell(first[0].child_hash, 0.25)                              # TPE learns from a rung's trial
+    assert again.study.best_trial.params["learning_rate"] == 1e-3
+    # The library's unstick entry: a hundredfold at least from 1e-6.
+    assert min(raising_rungs(parent.knobs["learning_rate"])) == 1e-4
+    assert raising_rungs(reference_program().with_knobs(learning_rate=1e-3).knobs["learning_rate"]) == []
