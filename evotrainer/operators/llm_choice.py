@@ -27,7 +27,7 @@ from evotrainer.operators.acceptance import make_intervention
 from evotrainer.operators.base import OperatorError
 from evotrainer.operators.evidence import Evidence
 from evotrainer.operators.intervention import FITNESS_METRIC, ExpectedEffect, Intervention
-from evotrainer.operators.knobs import inert_knobs
+from evotrainer.operators.knobs import inert_knobs, raising_rungs
 from evotrainer.operators.library import Applicable, LibraryOperator, propose_entry
 from evotrainer.operators.library_entry import same_value
 from evotrainer.operators.llm import LLMOperator
@@ -138,6 +138,10 @@ class LLMChoiceOperator(LLMOperator):
             current = {k: parent.knobs[k]["value"] for k in named}
             moved = {k: [v for v in knobs[k] if not isinstance(v, int | float) or isinstance(v, bool)
                          or (v > current[k] if up else v < current[k])] for k in named}
+            if up:   # raised the way `knobs` raises it: the range's top and the half-decades below it, untried
+                tried = self.library.tried(parent, evidence)
+                moved = {k: [v for v in raising_rungs(parent.knobs[k]) if parent.with_knobs(**{k: v}).hash not in tried]
+                         or vs for k, vs in moved.items()}
             knobs = {k: vs for k, vs in moved.items() if vs} or knobs
         return fired, knobs
 
