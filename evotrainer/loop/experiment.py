@@ -29,7 +29,7 @@ from evotrainer.loop.stages.continuations import continue_survivors
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.stages.diversity import version_cell
 from evotrainer.loop.compute.executor import Executor, build_executor
-from evotrainer.loop.stages.exploit import narrow_to_exploit
+from evotrainer.loop.stages.exploit import narrow_to_exploit, stuck_elite
 from evotrainer.loop.stages.final_pick import report_test
 from evotrainer.loop.human import human_gate
 from evotrainer.loop.stages.gating import GateInputs, gate_version
@@ -191,6 +191,10 @@ class Experiment:
             self.continue_survivors(g + 1)
             if self.state.exploit_from is None:
                 propose_children(self, human_gate.parents_for_children(self, g), g + 1)
+            elif stuck := stuck_elite(self):
+                self.say(f"gen {g + 1}: exploit phase: {stuck[0]}'s report raised {stuck[1]}; one child beside its "
+                         "continuation, from the changes the alert names")
+                propose_children(self, [stuck[0]], g + 1, wanted=1)
 
     def select_stage(self, g: int) -> None:
         """Selection and reverts are planned first and saved with the state (survivors, the reverts'

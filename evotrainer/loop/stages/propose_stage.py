@@ -18,11 +18,12 @@ if TYPE_CHECKING:
     from evotrainer.loop.experiment import Experiment
 
 
-def propose_children(exp: Experiment, survivors: list[str], generation: int) -> None:
-    """Operators propose single-factor interventions on selected parents; each is backtested on the
-    parent's cached rollouts before any training compute is spent on it."""
+def propose_children(exp: Experiment, survivors: list[str], generation: int, wanted: int | None = None) -> None:
+    """Operators propose single-factor interventions on selected parents (``wanted`` children, else
+    ``children_per_generation``); each is backtested on the parent's cached rollouts before any
+    training compute is spent on it."""
     ev, state = exp.cfg.evolution, exp.state
-    wanted = 0 if ev.mode == "reference" else ev.children_per_generation
+    wanted = 0 if ev.mode == "reference" else ev.children_per_generation if wanted is None else wanted
     todo = children_the_budget_allows(exp, wanted) - len([v for v in state.live
                                                           if exp.vdir(v).meta().operator is not None])
     if todo > 0 and ev.mode == "evolve" and (pair := compound(exp, survivors)):
