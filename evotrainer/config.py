@@ -263,6 +263,11 @@ class EvolutionConfig(_Section):
                                         "budget.train_steps when set (once the next generation would pass the rest, no "
                                         "more children; the elite trains until the budget is spent), else of the "
                                         "generations; 0: explore to the end; unset: 0.5 with a step budget, else 0")
+    probe_steps: int | None = Field(None, ge=0, le=1_000_000, description=(
+        "steps of an exploring generation when a step budget is small (probes, loop/stages/probes.py): the best "
+        "survivor's continuation and its children, while the steps beside its lineage stay within a quarter of "
+        "budget.train_steps; null: 1 where the exploration share holds fewer than 1 + 2 x (1 + "
+        "children_per_generation) versions of steps_per_generation steps, else no probes; 0: never probe"))
     knobs_startup_trials: int = Field(3, ge=0, description="random knob trials before TPE models the paired deltas")
     entry_prior: str | None = Field("shipped", description="how the library and llm_choice weigh fired entries by "
                                     "what each did when screened alone on this domain: 'shipped' (the screens "

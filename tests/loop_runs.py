@@ -27,6 +27,16 @@ def tiny_cfg(run_dir, **evolution):
     }
 
 
+def lineage_steps(exp, vid):
+    """Training steps recorded on ``vid`` and its first parents back to the seed: how deep it trained."""
+    steps = 0
+    while vid:
+        steps += len(exp.vdir(vid).steps())
+        parents = exp.vdir(vid).meta().parents
+        vid = parents[0] if parents else None
+    return steps
+
+
 def mlflow_runs(run_dir):
     """The MLflow runs of the run's versions (those tagged with a version id)."""
     import mlflow

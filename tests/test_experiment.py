@@ -308,7 +308,7 @@ def test_train_steps_budget_overshoots_by_at_most_k_minus_one(tmp_path):
     """The exact rule (loop/budgets.py): a version starts only while steps are left, and a started
     version trains all k steps, so the run spends budget + k - 1 at most; here 3 + 2 - 1 = 4."""
     run_dir = tmp_path / "run"
-    state = Experiment(parse_config(tiny_cfg(run_dir, steps_per_generation=2, budget={"train_steps": 3}))).run()
+    state = Experiment(parse_config(tiny_cfg(run_dir, steps_per_generation=2, budget={"train_steps": 3}, probe_steps=0))).run()
     assert state.status == "stopped" and "train_steps" in state.stop_reason
     assert state.budget_used["train_steps"] == 4
     _, metas = check_invariants(run_dir)

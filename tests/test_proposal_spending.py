@@ -49,7 +49,7 @@ def test_what_counts_as_refuted_on_fitness(tmp_path):
 
 def test_no_more_children_than_the_step_budget_can_train(tmp_path):
     exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=1, budget={"train_steps": 10},
-                                           steps_per_generation=2)))
+                                           steps_per_generation=2, probe_steps=0)))
     exp.run()                       # gen 0 trains the seed: 2 steps; it survives
     exp.state.budget_used["train_steps"] = 5
     exp.continue_survivors(1)       # one continuation: 2 more steps, 3 left, room for 1 child of 2

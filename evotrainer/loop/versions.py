@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.crash import crash_point
+from evotrainer.loop.stages.probes import first_step, generation_steps
 from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.version import BranchVersion, Status, write_atomic
 
@@ -44,6 +45,8 @@ def new_version(exp: Experiment, parent: BranchVersion | None, source: str, gene
         id=vid, base_model=exp.cfg.model, genome_hash=program.hash,
         parents=([parent.id] if parent else []) + list(extra_parents), intervention=intervention,
         status=status, generation=generation, operator=operator, factor=factor, knobs=program.knob_values,
+        steps=generation_steps(exp.cfg, exp.state.exploit_from, generation),
+        first_step=first_step(exp.cfg, exp.state.exploit_from, generation),
     ))
     crash_point("version:created")
     return vid

@@ -105,6 +105,8 @@ class BranchVersion:
     violations: list[dict[str, Any]] = field(default_factory=list)  # validity findings (invalid if any)
     knobs: dict[str, Any] = field(default_factory=dict)              # the recipe knob values it trained with
     hypothesis: dict[str, Any] | None = None   # its intervention's expected effect, judged after training
+    steps: int | None = None        # training steps it takes (None: evolution.steps_per_generation; a probe takes fewer)
+    first_step: int | None = None   # its first step in the run's task schedule (None: generation × steps_per_generation)
 
     def __post_init__(self) -> None:
         try:

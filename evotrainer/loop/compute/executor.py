@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from evotrainer.loop.stages.probes import version_steps
 from evotrainer.loop.stages.training import train_version, train_versions, verify_versions
 from evotrainer.policy.collect import shares_batches
 from evotrainer.records.version import Status
@@ -57,9 +58,10 @@ class LocalExecutor:
     def _train_together(self, exp: Experiment, pending: list[str]) -> None:
         """The versions that the budget lets start, as starting them one by one would decide (the
         others are left to the one-at-a-time path, which prunes them with the reason)."""
-        k, together = exp.cfg.evolution.steps_per_generation, []
+        together = []
         for vid in pending:
-            if together and exp.budgets.steps_reached_with(len(together) * k):
+            if together and exp.budgets.steps_reached_with(sum(version_steps(exp.cfg, exp.vdir(v).meta())
+                                                               for v in together)):
                 break
             if exp.prune_if_budget_spent(vid):
                 return

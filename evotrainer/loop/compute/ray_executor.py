@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from evotrainer.config import Config, ConfigError
 from evotrainer.loop.compute.branch_worker import BranchWorker
 from evotrainer.loop.crash import crash_point
+from evotrainer.loop.stages.probes import version_steps
 from evotrainer.records.version import Status
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class RayExecutor:
         self._dispatch(exp, vids, budgeted=False)
 
     def _dispatch(self, exp: Experiment, vids: list[str], budgeted: bool) -> None:
-        ray, g, k = self.ray, exp.state.generation, exp.cfg.evolution.steps_per_generation
+        ray, g = self.ray, exp.state.generation
         todo = (Status.PENDING, Status.TRAINED) if budgeted else (Status.TRAINED,)
         queue, in_flight, attempts = [], {}, {}
         for vid in vids:
@@ -115,7 +116,8 @@ class RayExecutor:
             while queue and len(in_flight) < self.capacity:
                 vid = queue[0]
                 pending = exp.vdir(vid).meta().status == Status.PENDING
-                if pending and in_flight and exp.budgets.steps_reached_with(len(in_flight) * k):
+                flying = sum(version_steps(exp.cfg, exp.vdir(v).meta()) for v, *_ in in_flight.values())
+                if pending and in_flight and exp.budgets.steps_reached_with(flying):
                     break   # decide this one on what the versions in flight spend, as the local executor would
                 queue.pop(0)
                 if pending and exp.prune_if_budget_spent(vid):

@@ -23,6 +23,7 @@ from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.stages.selection import rank_score
 from evotrainer.loop.human.decision_request import notes_for
 from evotrainer.loop.stages.exploit import exploring_slots
+from evotrainer.loop.stages.probes import generation_steps
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.operators import Evidence, OperatorError
 from evotrainer.operators.intervention import Intervention
@@ -110,11 +111,11 @@ def _genome_hash(exp: Experiment, vid: str | None) -> str | None:
 
 def children_the_budget_allows(exp: Experiment, wanted: int) -> int:
     """``wanted``, or fewer when the step budget cannot train more after this generation's
-    continuations (each version trains ``steps_per_generation`` steps); the log says so."""
+    continuations (each version trains its generation's steps, ``loop/stages/probes.py``); the log says so."""
     ev, state = exp.cfg.evolution, exp.state
     if ev.budget.train_steps is None or wanted <= 0:
         return wanted
-    k = ev.steps_per_generation
+    k = generation_steps(exp.cfg, state.exploit_from, state.generation + 1)
     continuing = sum(1 for v in state.live if exp.vdir(v).meta().operator is None)
     used = state.budget_used.get("train_steps", 0)
     left = ev.budget.train_steps - used - continuing * k
@@ -122,7 +123,7 @@ def children_the_budget_allows(exp: Experiment, wanted: int) -> int:
     if room < wanted:
         exp.say(f"gen {state.generation + 1}: {room} child(ren) instead of {wanted}: {max(0, left):.0f} train steps "
                 f"are left after {continuing} continuation(s), {k} per version")
-    slots = exploring_slots(exp.cfg, used) if state.exploit_from is None else None
+    slots = exploring_slots(exp.cfg, used, state.generation) if state.exploit_from is None else None
     if slots is not None and slots - continuing < min(wanted, room):   # a generation narrowed to fit the share
         room = max(0, slots - continuing)
         exp.say(f"gen {state.generation + 1}: {room} child(ren) instead of {wanted}: the exploration share holds "

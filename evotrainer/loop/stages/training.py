@@ -26,6 +26,7 @@ from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.budgets import Budgets
 from evotrainer.loop.crash import crash_point
 from evotrainer.loop.stages.merging import start_adapter
+from evotrainer.loop.stages.probes import version_steps
 from evotrainer.loop.progress import NullProgress
 from evotrainer.loop.compute.runtime import Runtime
 from evotrainer.loop.stages.selection import groups_with_gradient
@@ -63,7 +64,7 @@ class BranchTraining:
     def __init__(self, exp: RunContext, vid: str) -> None:
         self.exp, self.vid, self.vd = exp, vid, exp.vdir(vid)
         self.meta = self.vd.meta()
-        self.k = exp.cfg.evolution.steps_per_generation
+        self.k = version_steps(exp.cfg, self.meta)
         self.rollouts, self.violations = [], []
         self._stack = contextlib.ExitStack()
 
@@ -125,7 +126,8 @@ class BranchTraining:
     def step_number(self, i: int) -> int:
         # Common random numbers: siblings of one generation see the same tasks and seeds,
         # so a child and its control differ only in the harness.
-        return self.meta.generation * self.k + i
+        first = self.meta.first_step
+        return (self.meta.generation * self.k if first is None else first) + i
 
     def job(self, i: int) -> CollectJob:
         """Step i's sampling request: its tasks (the harness's curriculum), asked as the harness asks
@@ -234,11 +236,13 @@ def train_versions(exp: RunContext, vids: list[str]) -> list[str]:
                 sessions[vid] = stack.enter_context(bt)
             except HARNESS_FAILURES as e:
                 bt.reject(e)
-        k = exp.cfg.evolution.steps_per_generation
+        k = max((bt.k for bt in sessions.values()), default=0)   # one generation's steps, as a rule the same for all
         exp.progress.steps(f"{', '.join(sessions)} GRPO steps", k)
         for i in range(k):
             jobs = {}
             for vid, bt in list(sessions.items()):
+                if i >= bt.k:
+                    continue
                 try:
                     jobs[vid] = bt.job(i)
                 except HARNESS_FAILURES as e:

@@ -2,8 +2,8 @@
 
 ``rerun_version(run_dir, vid)`` rebuilds what version ``vid`` was trained from (the run's
 ``config.json``, the version's ``genome.py``, its generation and so its step numbers, tasks and
-seeds, and the adapter it started from), trains it the same ``evolution.steps_per_generation``
-steps through the loop's own stages (``training.train_versions``, ``training.verify_versions``) in a
+seeds, and the adapter it started from), trains it the same steps (its record's, else ``evolution.steps_per_generation``)
+through the loop's own stages (``training.train_versions``, ``training.verify_versions``) in a
 new directory, and compares the new record with the recorded one, quantity by quantity
 (``loop/tools/version_compare.py``).
 
@@ -105,7 +105,7 @@ def rerun_version(run_dir: str | Path, version_id: str, out_dir: str | Path | No
         # from the original run, which nothing here writes.
         ctx = StandaloneContext(cfg, say=say, vdir=lambda vid: VersionDir(
             (out if vid == version_id else run_dir) / "versions" / vid))
-        say(f"training {version_id} again: {cfg.evolution.steps_per_generation} steps from {start['source']}")
+        say(f"training {version_id} again: {recorded.steps or cfg.evolution.steps_per_generation} steps from {start['source']}")
         if not train_versions(ctx, [version_id]):
             why = "; ".join((ctx.vdir(version_id).meta().decision or {}).get("reasons", [])) or "unknown"
             raise RerunError(f"{version_id} trained once but not again ({why}); the rerun's record is in {out}")
@@ -196,7 +196,8 @@ def _prepare(src: Path, dst: Path, recorded: BranchVersion) -> None:
     VersionDir(dst).save_meta(BranchVersion(
         id=recorded.id, base_model=recorded.base_model, genome_hash=recorded.genome_hash, parents=list(recorded.parents),
         intervention=recorded.intervention, status=Status.PENDING, generation=recorded.generation,
-        operator=recorded.operator, factor=recorded.factor, knobs=dict(recorded.knobs)))
+        operator=recorded.operator, factor=recorded.factor, knobs=dict(recorded.knobs),
+        steps=recorded.steps, first_step=recorded.first_step))   # a probe trains its own steps again
 
 
 # ---- MLflow --------------------------------------------------------------------------------------
