@@ -2,14 +2,14 @@
 
 Exploring in generations of ``steps_per_generation`` steps, half of a 16- or 24-step budget holds 4-6
 versions: the reference's first generation and one generation of a control and two children, so
-``evolve`` tried 2 children at 16 steps, and none with the quickstart at 24 (4 steps a generation),
-issue 47's "under a small step budget, `evolve` searches nothing". Probing explores in short
+``evolve`` tried 2 children at 16 steps, 3 at 24, and 1 with the quickstart at 24 (4 steps a
+generation): issue 47's "under a small step budget, `evolve` searches nothing". Probing explores in short
 generations instead (``evolution.probe_steps``, 1 step by default), each the best survivor's
 continuation beside its children, while the steps spent beside that one lineage stay within a
 quarter of the budget; then the exploit phase trains the elite in generations of
 ``steps_per_generation`` steps until the budget is spent. The pick's lineage keeps at least 75% of the
 reference's depth, and the children are as many as a quarter of the budget holds: 4 at 16 steps,
-6 at 24, 8 at 32.
+6 at 24.
 
 Probing is on by default where exploring at full generations cannot try two generations of children:
 where the exploration share holds fewer than ``1 + 2 × (1 + children_per_generation)`` versions of
