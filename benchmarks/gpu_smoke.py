@@ -5,7 +5,8 @@ and the model is built from a config with random weights. Prints, per architectu
 rollout tokens/s (LoRA adapter active), one GRPO step's seconds and peak memory, and the largest
 gap between sampler logprobs and the trainer's recomputed logprobs (the importance-ratio noise).
 Then the population variant of ``benchmarks/population_rollouts.py`` per architecture: K branch
-adapters' rollouts one adapter at a time, merged, and (where vllm is importable) in one vLLM
+adapters' rollouts one adapter at a time, in one batch (decoded at the growing prefix and from a
+captured CUDA graph), merged, and (where vllm is importable) in one vLLM
 multi-LoRA call, tokens/s side by side and the weights' memory against base + K × adapter + 10%.
 
     python benchmarks/gpu_smoke.py --tokenizer DIR [--device cuda] [--archs smollm2-135m,llama-1b]
@@ -101,7 +102,7 @@ def run_one(arch: str, dtype: str, tok, device: str, batch: int, new_tokens: int
 
 
 def run_population(arch: str, dtype: str, tok, device: str, branches: int, prompts: int, new_tokens: int) -> dict:
-    """population_rollouts.py's three paths on a random-init ``arch`` (vLLM reads it from a saved folder)."""
+    """population_rollouts.py's paths on a random-init ``arch`` (vLLM reads it from a saved folder)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from population_rollouts import add_branches, param_mib, prompts_for, run_paths
 
@@ -112,7 +113,9 @@ def run_population(arch: str, dtype: str, tok, device: str, branches: int, promp
     model.generation_config.pad_token_id = tok.pad_token_id
     base_mib = param_mib(model.parameters())
     base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    paths = ["transformers", "merged"] + (["vllm"] if vllm_version() else [])
+    # One adapter at a time, then the population in one batch with the growing-prefix decode and with
+    # the static one a CUDA graph replays (the default on a GPU), side by side in one call.
+    paths = ["transformers", "together-dynamic", "together-static", "merged"] + (["vllm"] if vllm_version() else [])
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / arch
         if "vllm" in paths:   # vLLM's base must hold these weights: saved before peft wraps the model

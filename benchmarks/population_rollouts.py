@@ -4,6 +4,9 @@
   (one ``generate`` call) at a time, as the loop sampled a population before it shared batches;
 * ``together``: the same engine's ``generate_many``, the K branches' rows in one KV-decoder batch, each
   row under its own adapter (what the loop does now, on a CPU and on a GPU without vLLM);
+* ``together-static``, ``together-dynamic``: ``together`` with its decode step forced to fixed shapes
+  (replayed from a captured CUDA graph on a GPU; what ``together`` does there by default) or to the
+  growing prefix (its default on a CPU), to set the two side by side;
 * ``merged``: each adapter merged into a copy of the base weights (``merge_and_unload``), then plain
   ``generate`` on the merged model, the cheaper single-branch path; the merge is timed apart;
 * ``vllm``: ``VllmEngine`` (vLLM multi-LoRA), the K branches' prompts in one ``generate_many`` call.
@@ -82,12 +85,17 @@ def run_transformers(policy, names, jobs, params, batch_size: int) -> dict:
     return {"tokens": n, "seconds": time.perf_counter() - t0}
 
 
-def run_together(policy, names, jobs, params, batch_size: int) -> dict:
-    engine = TransformersEngine(policy, batch_size=batch_size)
+def run_together(policy, names, jobs, params, batch_size: int, static: bool | None = None) -> dict:
+    engine = TransformersEngine(policy, batch_size=batch_size, static_decode=static)
     engine.generate(jobs[0][:1], params, names[0])   # warm-up
     t0 = time.perf_counter()
     outs = engine.generate_many([(p, params, name) for name, p in zip(names, jobs)])
     return {"tokens": sum(tokens(o) for o in outs), "seconds": time.perf_counter() - t0}
+
+
+# The together path's decode: the engine's default (static shapes and a CUDA graph on a GPU, the growing
+# prefix on a CPU), or either one forced, to set them side by side.
+TOGETHER = {"together": None, "together-static": True, "together-dynamic": False}
 
 
 def copy_bandwidth_gbs(mib: int = 512) -> float:
@@ -166,14 +174,15 @@ def run_paths(paths, policy, names, jobs, params, base_state: dict, vllm_folder,
             for path in paths:
                 if path == "transformers":
                     r = run_transformers(policy, names, jobs, params, batch_size)
-                elif path == "together":
-                    r = run_together(policy, names, jobs, params, batch_size)
+                elif path in TOGETHER:
+                    r = run_together(policy, names, jobs, params, batch_size, TOGETHER[path])
                 elif path == "merged":
                     r = run_merged(policy, names, jobs, params, Path(tmp), base_state)
                 elif path == "vllm":
                     r = run_vllm(policy, names, jobs, params, vllm_folder(), dtype)
                 else:
-                    raise SystemExit(f"--paths: unknown path {path!r}; choose from transformers, together, merged, vllm")
+                    known = ", ".join(["transformers", *TOGETHER, "merged", "vllm"])
+                    raise SystemExit(f"--paths: unknown path {path!r}; choose from {known}")
                 r["tokens_per_s"] = r["tokens"] / r["seconds"]
                 r["peak_rss_mib"] = peak_rss_mib()
                 runs[path].append(r)
@@ -234,7 +243,7 @@ def main() -> None:
     # (bandwidth / weight bytes) steps per second, each producing one token per row of the batch.
     bandwidth = copy_bandwidth_gbs()
     rows = {"transformers": min(args.prompts * args.group, args.batch_size),
-            "together": args.branches * min(args.prompts * args.group, args.batch_size)}
+            **{path: args.branches * min(args.prompts * args.group, args.batch_size) for path in TOGETHER}}
     limits = {path: rows[path] * bandwidth * 1e9 / (base_mib * 2**20) for path in rows if path in results}
     print(f"memory bandwidth (tensor copy) {bandwidth:.1f} GB/s: the weight-streaming limit is "
           + ", ".join(f"{path} {v:,.0f} tok/s ({rows[path]} rows a step)" for path, v in limits.items()))

@@ -352,7 +352,24 @@ class KVDecoder:
         bias = bias[:, None, None].expand(B, 1, G, T, S).reshape(B, 1, G * T, S)
 
         x = F.embedding(ids, self.embed)
+        return self.layers_forward(x, cos, sin, bias, lora, lambda i, k, v: self._append(cache, i, start, k, v))
+
+    @staticmethod
+    def _append(cache: KVCache, i: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Layer i's new keys and values written at ``start``; the filled prefix to attend over."""
+        S = start + k.shape[2]
+        cache.k[i][:, :, start:S] = k
+        cache.v[i][:, :, start:S] = v
+        return cache.k[i][:, :, :S], cache.v[i][:, :, :S]
+
+    def layers_forward(self, x, cos, sin, bias, lora, write) -> torch.Tensor:
+        """The decoder layers and the final norm and head over embedded tokens ``x`` (B, T, hidden):
+        ``bias`` the additive attention mask (B, 1, G*T, keys), ``write(i, k, v)`` stores layer i's
+        new keys and values and returns the keys and values to attend over (the decode graph's static
+        step stores them by a device index, over the cache's whole capacity)."""
+        B, T = x.shape[:2]
         H, KV, D = self.heads, self.kv_heads, self.head_dim
+        G = H // KV
         scale = D ** -0.5
         half = D // 2
         for i, L in enumerate(self.layers):
@@ -363,9 +380,7 @@ class KVDecoder:
             v = qkv[..., (H + KV) * D:].view(B, T, KV, D).transpose(1, 2)
             qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin   # RoPE, q and k at once
             q, k = qk[:, :H], qk[:, H:]
-            cache.k[i][:, :, start:S] = k
-            cache.v[i][:, :, start:S] = v
-            keys, values = cache.k[i][:, :, :S], cache.v[i][:, :, :S]
+            keys, values = write(i, k, v)
             scores = torch.matmul(q.reshape(B, KV, G * T, D), keys.transpose(-1, -2)).float() * scale + bias
             probs = torch.softmax(scores, dim=-1).to(v.dtype)
             att = torch.matmul(probs, values)                            # (B, KV, G*T, D)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from evotrainer.policy.decode_graph import decode_step
 from evotrainer.policy.guided_decoding import LOGPROB_FLOOR
 from evotrainer.policy.kv_decoder import KVCache, KVDecoder, RowLora, lora_deltas
 
@@ -84,9 +85,13 @@ def _common_prefix(seqs: list[tuple[int, ...]]) -> int:
 
 
 class KVSampler:
-    def __init__(self, policy) -> None:
+    """``static``: decode at fixed shapes (``decode_graph.py``), replayed from a captured CUDA graph
+    on a GPU; None (the default) turns it on on CUDA only, where per-token launches dominate a step."""
+
+    def __init__(self, policy, static: bool | None = None) -> None:
         self.policy = policy
         self.decoder = KVDecoder(policy_model(policy))
+        self.static = self.decoder.device.type == "cuda" if static is None else static
         self.kept: dict[tuple, list[_Piece]] = {}   # adapter key -> the last call's pieces of that adapter
         self.reused_tokens = 0      # prompt tokens taken from a kept cache instead of prefilled
         self.prefilled_tokens = 0   # prompt tokens run through a prefill
@@ -137,6 +142,7 @@ class KVSampler:
         alive = [True] * B                    # per cache row: still sampling
         stash: list[_Piece] = []              # rows that finished and left the batch
         guided = guide is not None and guide.any
+        forward = decode_step(self.decoder, cache, lora, self.static)
         for step in range(max_new_tokens):
             scores = logits
             for w in warpers:
@@ -176,7 +182,8 @@ class KVSampler:
                     alive[j] = not (tokens[j] in eos or (stop_check is not None and stop_check(out[i].ids)))
             if step == max_new_tokens - 1 or not any(alive):
                 break
-            if len(rows) - sum(alive) >= max(2, len(rows) // 4):    # a quarter finished: shrink the batch
+            # A quarter finished: shrink the batch (a static one keeps its shape; its finished rows feed padding).
+            if not self.static and len(rows) - sum(alive) >= max(2, len(rows) // 4):
                 done = [j for j, a in enumerate(alive) if not a]
                 stash.append(_Piece(cache.select(torch.tensor(done, device=dev), cache.length),
                                     [tuple(held[rows[j]]) for j in done], [rows[j] for j in done]))
@@ -185,11 +192,12 @@ class KVSampler:
                 if isinstance(lora, RowLora):
                     lora = lora.select(torch.tensor(keep, device=dev))
                 rows, tokens, alive = [rows[j] for j in keep], [tokens[j] for j in keep], [True] * len(keep)
+                forward = decode_step(self.decoder, cache, lora, self.static)
             for j, i in enumerate(rows):
                 if alive[j]:
                     held[i].append(tokens[j])
             feed = torch.tensor([t if a else pad for t, a in zip(tokens, alive)], device=dev)[:, None]
-            logits = self.decoder.forward(cache, feed, torch.tensor(alive, device=dev)[:, None], lora)
+            logits = forward(feed, torch.tensor(alive, device=dev)[:, None])
         # Kept for the next call, each branch's rows under its own key (its next turn continues them).
         pieces = stash + [_Piece(cache, [tuple(held[i]) for i in rows], list(rows))]
         if len(names) == 1:

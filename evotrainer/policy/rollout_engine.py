@@ -132,16 +132,19 @@ class TransformersEngine:
     tokens per second of ``generate`` on a CPU, ``benchmarks/rollout_throughput.py``);
     ``"generate"`` with ``transformers``' ``generate`` (any model, any peft adapter); ``"auto"``
     (the default) the first where it can run, saying in the log when it cannot.
+    ``static_decode``: the KV decoder decodes at fixed shapes, replayed from a captured CUDA graph
+    on a GPU (``policy/decode_graph.py``); None (the default) turns it on on CUDA only.
     ``policy`` is a :class:`evotrainer.policy.lora.Policy` (``model``, ``base_model``,
     ``tokenizer``, ``parameters(name)`` and an ``adapter(name)`` context manager).
     """
 
-    def __init__(self, policy, batch_size: int = 32, decoder: str = "auto") -> None:
+    def __init__(self, policy, batch_size: int = 32, decoder: str = "auto", static_decode: bool | None = None) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, not {decoder!r}")
         self.policy = policy
         self.batch_size = batch_size
         self.decoder = decoder
+        self.static_decode = static_decode
         self._kv = None
         self._kv_refused: set[str | None] = set()   # adapters the KV decoder cannot run (said once)
 
@@ -201,7 +204,7 @@ class TransformersEngine:
                 reason = supports(getattr(model, "get_base_model", lambda: model)().config)
                 if reason:
                     raise ValueError(reason)
-                self._kv = KVSampler(self.policy)
+                self._kv = KVSampler(self.policy, static=self.static_decode)
             if adapter is not None:
                 lora_deltas(model, adapter)
         except ValueError as e:
