@@ -230,6 +230,45 @@ def test_swe_episodes_run_on_vllm_with_the_trainers_logprobs_on_assistant_tokens
     assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
 
 
+def test_swe_episodes_of_several_branches_take_each_turn_in_one_call(setup, monkeypatch):
+    """Lockstep episodes on vLLM (episodes.run_episode_jobs through collect_many): each turn of both
+    branches' episodes is one generate_ids_many call, and each branch's sampled tokens carry its own
+    adapter's logprobs, not the other's."""
+    from evotrainer.domains.code.executor import ExecLimits
+    from evotrainer.domains.swe.domain import SWEDomain
+    from evotrainer.domains.swe.environment import EnvLimits
+    from evotrainer.policy.collect import CollectJob, collect_many, default_prompt, shares_batches
+
+    policy, engine = setup
+    limits = EnvLimits(max_turns=2, max_turn_tokens=8, max_context_tokens=1000)
+    domain = SWEDomain(n_train=1, n_heldout=1, n_test=1, difficulty=1, seed=0, workers=1,
+                       limits=ExecLimits(timeout_s=2.0), episode_limits=limits)
+    calls = []
+    real = engine.generate_ids_many
+    monkeypatch.setattr(engine, "generate_ids_many", lambda jobs: calls.append(len(jobs)) or real(jobs))
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
+    try:
+        assert shares_batches(engine, domain, 2)
+        tasks = domain.tasks("train")
+        out = collect_many(engine, domain, [CollectJob(tasks, 2, params, "va", default_prompt, 0),
+                                            CollectJob(tasks, 2, params, "vb", default_prompt, 0)])
+    finally:
+        domain.close()
+    assert calls == [2] * limits.max_turns                       # one call a turn, both branches in it
+    for adapter, other, rollouts in (("va", "vb", out[0]), ("vb", "va", out[1])):
+        assert len(rollouts) == 2
+        for r in rollouts:
+            mask = torch.tensor(r.sampled_mask(), dtype=torch.bool)
+            ids = torch.tensor([r.prompt_ids + r.completion_ids])
+            forced = {}
+            for name in (adapter, other):
+                with policy.adapter(name) as m, torch.no_grad():
+                    forced[name] = per_token_logps(m, ids, torch.ones_like(ids), len(r.completion_ids),
+                                                   temperature=1.0, top_p=1.0)[0][mask]
+            assert (torch.tensor(r.logprobs) - forced[adapter]).abs().max().item() < LOGPROB_ATOL
+            assert (torch.tensor(r.logprobs) - forced[other]).abs().max().item() > 10 * LOGPROB_ATOL
+
+
 def test_the_applied_check_allows_the_engines_bf16_noise_and_still_refuses_what_is_not_the_trained_shift():
     """Measured on the embedded 135M in bf16 on this CPU: the engines' base log-probs differ by up to
     0.40 nats, a training step's shift is 0.35-0.45, and the honest adapter's shifts differ by 0.57-0.77

@@ -211,13 +211,19 @@ class VllmEngine:
                      grammars: Sequence[str | None] | None = None) -> list[Completion]:
         """Continues token sequences (a whole trajectory so far): what multi-turn episodes need, so
         every turn conditions on exactly the tokens sampled before it."""
-        if grammars is not None and any(grammars):
+        return self.generate_ids_many([(prompt_ids, params, adapter, grammars)])[0]
+
+    def generate_ids_many(self, jobs: Sequence[tuple[Sequence[list[int]], SamplingParams, str | None,
+                                                     Sequence[str | None] | None]]) -> list[list[Completion]]:
+        """Several (sequences, params, adapter, grammars) jobs in one vLLM call: the next turn of every
+        live branch's episodes together, each row under its own LoRA and seeded by its own job."""
+        if any(grammars is not None and any(grammars) for *_, grammars in jobs):
             # vLLM's structured outputs report the masked distribution's log-probabilities, which
             # would make each forced token's importance ratio < 1 (guided_decoding.py says why).
             raise GuidedDecodingUnsupported(
                 "guided tool calls (the guided_call_share and guided_plan_share knobs) run on the transformers "
                 "engine; set engine: transformers, or both shares to 0 for engine: vllm")
-        return self._generate([([list(p) for p in prompt_ids], params, adapter)])[0]
+        return self._generate([([list(p) for p in ids], params, adapter) for ids, params, adapter, _ in jobs])
 
     def _generate(self, jobs: Sequence[tuple[list[list[int]], SamplingParams, str | None]]) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
