@@ -123,7 +123,9 @@ def test_the_suite_runs_on_the_tiny_model_and_resumes(tmp_path):
 
 def test_a_fresh_draw_is_another_domain_seed_than_the_suites(tmp_path):
     suite = [sys.executable, str(ROOT / "benchmarks" / "suite.py"), "run"]
-    out = subprocess.run(suite + ["--draw", "47"], capture_output=True, text=True, timeout=300)
+    from suite import DOMAIN_SEED
+
+    out = subprocess.run(suite + ["--draw", str(DOMAIN_SEED)], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "a fresh draw is another domain seed" in out.stderr
     (tmp_path / "math-learns.json").write_text(json.dumps({"setting": "math-learns", "domain_seed": 47, "runs": {}}))
     mixed = subprocess.run(suite + ["--draw", "48", "--settings", "math-learns", "--results", str(tmp_path)],
