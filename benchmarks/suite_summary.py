@@ -1,8 +1,9 @@
 """The suite's summary and the README's headline table, from the raw results alone.
 
-``summarize()`` reads the suite's draw, ``benchmarks/results/suite_ds<DOMAIN_SEED>/*.json`` (what ``suite.py run`` wrote) and returns
-the summary ``suite_summary.json`` holds: per setting, each mode's mean test score, its per-seed scores,
-the share of its runs whose pick ends below the untrained model and its wall time; the deltas
+``summarize()`` reads the suite's draw, ``benchmarks/results/suite_ds<DOMAIN_SEED>/*.json`` (what
+``suite.py run`` wrote), and returns the summary ``suite_summary.json`` holds: per setting, each mode's
+mean test score, its per-seed scores, the share of its runs whose pick ends below the untrained model
+and its wall time; the deltas
 ``evolve - reference`` and ``evolve - random-library`` with 90% intervals that resample seeds, then
 tasks within them, beside the per-seed deltas; and the same two deltas pooled over settings x seeds.
 ``readme_table()`` renders it; ``write_summary()`` writes both (``tests/test_suite_summary.py`` fails
