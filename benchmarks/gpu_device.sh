@@ -8,6 +8,8 @@
 #
 #     OUT=runs/gpu_device bash benchmarks/gpu_device.sh                     # the loop
 #     OUT=runs/gpu_device BENCH=step_speed bash benchmarks/gpu_device.sh     # a step's parts, side by side
+#     OUT=runs/gpu_device BENCH=population bash benchmarks/gpu_device.sh     # issue 48: 4 x 64 sequences, one
+#                                              # adapter at a time vs one batch (growing prefix, CUDA graph)
 #
 # It installs the wheels beside the image's own torch/transformers/peft, prints the versions, and runs
 # benchmarks/gpu_loop.py (or step_speed.py) on random-init Qwen2.5-1.5B weights in bf16, the loop with
@@ -33,6 +35,13 @@ import evotrainer.loop.experiment  # noqa: F401  (fails here, fast, if a depende
 print("evotrainer imports")
 EOF
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_device: the environment is incomplete"; exit 1; }
+if [ "$BENCH" = population ]; then
+    python3 benchmarks/population_rollouts.py --random-init qwen2.5-1.5b --tokenizer .device/tok --device cuda \
+        --dtype bfloat16 --branches 4 --prompts 64 --batch-size 64 --new-tokens "${NEW_TOKENS:-128}" \
+        --paths transformers,together-dynamic,together-static --repeats "${REPEATS:-3}" \
+        --json "$OUT/population_gpu.json" 2>&1 | tee "$OUT/population_gpu.log"
+    exit "${PIPESTATUS[0]}"
+fi
 if [ "$BENCH" = step_speed ]; then
     python3 benchmarks/step_speed.py --random-init qwen2.5-1.5b --tokenizer .device/tok --device cuda \
         --dtype bfloat16 --repeats "${REPEATS:-3}" ${SHAPES:-} --json "$OUT/step_speed.json" 2>&1 | tee "$OUT/step_speed.log"

