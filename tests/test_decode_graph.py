@@ -3,10 +3,10 @@ it runs without capture and must compute what ``KVDecoder.forward`` computes, st
 one branch and for rows of several, and the sampler must sample the same tokens with it."""
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import AutoConfig
 
 from evotrainer.policy.base_model import load_base_model
 from evotrainer.policy.decode_graph import StaticDecodeStep, decode_step, graphs_supported
@@ -119,18 +119,19 @@ def test_static_shapes_are_the_default_on_cuda_only(policy):
     assert KVSampler(policy).static is False           # this CPU: the growing prefix is cheaper
     decoder = KVDecoder(policy.model)
     cache = decoder.new_cache(1, 4)
-    assert not isinstance(decode_step(decoder, cache, None, static=False), StaticDecodeStep)
-    step = decode_step(decoder, cache, None, static=True)
+    assert not isinstance(decode_step(decoder, cache, None, static=False, steps=32), StaticDecodeStep)
+    step = decode_step(decoder, cache, None, static=True, steps=32)
     assert isinstance(step, StaticDecodeStep) and step.capture is False   # no capture off CUDA
 
 
-def test_a_rope_that_cannot_be_captured_is_named():
-    cfg = AutoConfig.for_model("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
-    decoder = KVDecoder.__new__(KVDecoder)
-    decoder.config = cfg
-    assert "dynamic" in graphs_supported(decoder)
-    decoder.config = AutoConfig.for_model("llama")
+def test_a_rope_that_cannot_be_captured_and_a_failed_capture_are_named(policy):
+    decoder = KVDecoder(policy.model)
     assert graphs_supported(decoder) is None
+    decoder.rotary = SimpleNamespace(rope_type="dynamic")      # recomputes its frequencies per position
+    assert "dynamic" in graphs_supported(decoder)
+    decoder = KVDecoder(policy.model)
+    decoder.graph_failure = "operation not permitted when stream is capturing"
+    assert "an earlier capture failed" in graphs_supported(decoder)
 
 
 def test_a_capture_that_fails_is_logged_and_the_step_runs_eagerly(policy, caplog):
@@ -149,3 +150,4 @@ def test_a_capture_that_fails_is_logged_and_the_step_runs_eagerly(policy, caplog
             assert torch.allclose(logits_a, step(nxt, ones), atol=1e-4)
     warnings = [r for r in caplog.records if "could not be captured" in r.getMessage()]
     assert len(warnings) == 1 and step.capture is False and step.graph is None
+    assert decoder.graph_failure and graphs_supported(decoder) is not None   # not tried again on this decoder

@@ -19,7 +19,9 @@ On a CPU the same step runs without capture, which is how it is tested for equal
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import warnings
 
 import torch
 
@@ -28,10 +30,19 @@ from evotrainer.policy.kv_decoder import KVCache, KVDecoder, RowLora
 log = logging.getLogger(__name__)
 
 
+# A call that decodes fewer tokens than this runs its static step eagerly: capturing costs a device
+# synchronisation and about one step's time, which a short call would not earn back.
+MIN_CAPTURED_STEPS = 16
+
+
 def graphs_supported(decoder: KVDecoder) -> str | None:
-    """None when the decode step can be captured for this model, else the reason it cannot."""
-    rope = (getattr(decoder.config, "rope_parameters", None) or {}).get("rope_type", "default")
-    if "dynamic" in str(rope) or "longrope" in str(rope):
+    """None when the decode step can be captured for this model, else the reason it cannot: a rotary
+    embedding that recomputes its frequencies from the positions it sees (a host sync), or an
+    earlier capture on this decoder that failed (it is not retried on every call)."""
+    if decoder.graph_failure:
+        return f"an earlier capture failed ({decoder.graph_failure})"
+    rope = str(getattr(decoder.rotary, "rope_type", "default"))   # the module's own: transformers 4.x and 5.x
+    if "dynamic" in rope or "longrope" in rope:
         return f"rope_type {rope!r} recomputes its frequencies from the positions it sees"
     return None
 
@@ -51,6 +62,7 @@ class StaticDecodeStep:
         self.positions = torch.arange(cache.capacity, device=dev)
         self.logits: torch.Tensor | None = None
         self.graph = None
+        self.stream = None       # the side stream the warm-up and the capture run on (CUDA only)
         self.steps = 0
 
     def __call__(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -59,8 +71,10 @@ class StaticDecodeStep:
             raise ValueError(f"KV cache holds {self.cache.capacity} positions; {self.cache.length + 1} asked")
         self.ids.copy_(ids)
         self.valid.copy_(valid)
-        if not self.capture or self.steps == 0:
+        if not self.capture:
             self._run()
+        elif self.steps == 0:
+            self._warm_up()
         elif self.graph is not None or self._record():
             self.graph.replay()
         else:
@@ -69,22 +83,58 @@ class StaticDecodeStep:
         self.steps += 1
         return self.logits.clone()      # the graph overwrites its output on the next replay
 
+    @contextlib.contextmanager
+    def _side_stream(self):
+        """The decoder's device made current and a side stream of it, ordered after and before the
+        current one: the capture stream is the current device's, and a failed capture must not leave
+        its stream current (``torch.cuda.graph`` restores it only when capture ends cleanly)."""
+        with torch.cuda.device(self.decoder.device):
+            main = torch.cuda.current_stream()
+            if self.stream is None:
+                self.stream = torch.cuda.Stream()
+            self.stream.wait_stream(main)
+            try:
+                with torch.cuda.stream(self.stream):
+                    yield self.stream
+            finally:
+                main.wait_stream(self.stream)
+
+    def _warm_up(self) -> None:
+        """The first step, run eagerly on the stream the capture will use (as PyTorch asks: per-stream
+        lazy setup, such as a cuBLAS workspace, happens here and not inside the graph's memory pool)."""
+        if self.decoder.device.type != "cuda":    # capture asked where there is nothing to capture on
+            self._give_up(RuntimeError(f"{self.decoder.device} is not a CUDA device"))
+            self._run()
+            return
+        with self._side_stream():
+            self._run()
+
     def _record(self) -> bool:
-        """Captures the step; False (logged) when capture fails, and the step runs eagerly from then on.
-        Capture records kernels without running them, so a failed one has written nothing."""
-        # The eager first step warmed the kernels up; capture records without running.
+        """Captures the step; False (logged, and remembered on the decoder) when capture fails, and the
+        step runs eagerly from then on. Capture records kernels without running them, so a failed one
+        has written nothing."""
         try:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._run()
+            with warnings.catch_warnings(record=True) as caught, self._side_stream() as stream:
+                warnings.simplefilter("always")
+                with torch.cuda.graph(graph, stream=stream):
+                    self._run()
+            empty = [w for w in caught if "empty" in str(w.message).lower()]
+            if empty:   # kernels ran elsewhere than the captured stream: replaying would do nothing
+                raise RuntimeError(str(empty[0].message))
         except RuntimeError as e:
-            log.warning("decode step could not be captured as a CUDA graph (%s); it runs eagerly", e)
-            self.capture = False
+            self._give_up(e)
             return False
         self.graph = graph
         log.debug("decode step captured as a CUDA graph: batch %d, capacity %d",
                   self.ids.shape[0], self.cache.capacity)
         return True
+
+    def _give_up(self, error: Exception) -> None:
+        log.warning("decode step could not be captured as a CUDA graph (%s); it runs eagerly, and this "
+                    "decoder does not try again", error)
+        self.capture = False
+        self.decoder.graph_failure = str(error)
 
     @torch.inference_mode()
     def _run(self) -> None:
@@ -117,13 +167,16 @@ class StaticDecodeStep:
             self.logits.copy_(logits)
 
 
-def decode_step(decoder: KVDecoder, cache: KVCache, lora: list | RowLora | None, static: bool):
-    """The sampler's decode step: ``forward`` on the growing prefix, or the static step (captured on
-    CUDA). Capture is skipped, and logged, where the model's rotary embedding cannot be captured."""
+def decode_step(decoder: KVDecoder, cache: KVCache, lora: list | RowLora | None, static: bool, steps: int):
+    """The sampler's decode step for a call of up to ``steps`` tokens: ``forward`` on the growing
+    prefix, or the static step (captured on CUDA when the call is long enough to earn it back).
+    Capture is skipped, and logged, where :func:`graphs_supported` says it cannot happen."""
     if not static:
         return lambda ids, valid: decoder.forward(cache, ids, valid, lora)
-    capture = decoder.device.type == "cuda"
+    capture = decoder.device.type == "cuda" and steps >= MIN_CAPTURED_STEPS
     if capture and (reason := graphs_supported(decoder)):
-        log.info("decode step not captured as a CUDA graph: %s; it runs eagerly at static shapes", reason)
+        if decoder.graph_refusal_said != reason:    # once per decoder and reason
+            log.info("decode step not captured as a CUDA graph: %s; it runs eagerly at static shapes", reason)
+            decoder.graph_refusal_said = reason
         capture = False
     return StaticDecodeStep(decoder, cache, lora, capture=capture)

@@ -286,6 +286,10 @@ class KVDecoder:
         self.norm = body.norm.weight.detach()
         self.lm_head = Linear(hf.lm_head.weight.detach())
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        # Set by decode_graph.py: why a CUDA-graph capture failed (then it is not tried again), and the
+        # last reason it logged for not capturing (said once, not on every call).
+        self.graph_failure: str | None = None
+        self.graph_refusal_said: str | None = None
         self.layers: list[_Layer] = []
         for layer in body.layers:
             mods = {n: _base(m) for n, m in _projections(layer).items()}

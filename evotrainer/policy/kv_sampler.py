@@ -142,7 +142,7 @@ class KVSampler:
         alive = [True] * B                    # per cache row: still sampling
         stash: list[_Piece] = []              # rows that finished and left the batch
         guided = guide is not None and guide.any
-        forward = decode_step(self.decoder, cache, lora, self.static)
+        forward = decode_step(self.decoder, cache, lora, self.static, max_new_tokens)
         for step in range(max_new_tokens):
             scores = logits
             for w in warpers:
@@ -192,7 +192,7 @@ class KVSampler:
                 if isinstance(lora, RowLora):
                     lora = lora.select(torch.tensor(keep, device=dev))
                 rows, tokens, alive = [rows[j] for j in keep], [tokens[j] for j in keep], [True] * len(keep)
-                forward = decode_step(self.decoder, cache, lora, self.static)
+                forward = decode_step(self.decoder, cache, lora, self.static, max_new_tokens - step)
             for j, i in enumerate(rows):
                 if alive[j]:
                     held[i].append(tokens[j])
