@@ -131,6 +131,9 @@ class TrainConfig(_Section):
     decoder: Literal["auto", "kv", "generate"] = Field(
         "auto", description="how engine: transformers samples: kv (the KV decoder: Llama-family models, plain LoRA; "
         "3-4x faster on a CPU), generate (transformers' generate: any model and adapter), auto (kv where it can run)")
+    cuda_graphs: bool | None = Field(None, description=(
+        "the KV decoder's decode step at static shapes, replayed from a captured CUDA graph (policy/decode_graph.py); "
+        "None: on CUDA, off on a CPU (which has none: true there runs the static shapes eagerly, slower)"))
     eval_max_new_tokens: int = Field(64, ge=1, le=MAX_NEW_TOKENS)
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy held-out verification")
     eval_seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=100,

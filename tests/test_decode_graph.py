@@ -151,3 +151,20 @@ def test_a_capture_that_fails_is_logged_and_the_step_runs_eagerly(policy, caplog
     warnings = [r for r in caplog.records if "could not be captured" in r.getMessage()]
     assert len(warnings) == 1 and step.capture is False and step.graph is None
     assert decoder.graph_failure and graphs_supported(decoder) is not None   # not tried again on this decoder
+
+
+def test_the_config_reaches_the_sampler(policy):
+    """``train.cuda_graphs`` sets the transformers engine's decode: true runs the static step (eagerly
+    on this CPU, sampling what the growing prefix samples), false never does, unset follows the device."""
+    from evotrainer.config import parse_config
+    from evotrainer.policy.engine_choice import build_engine
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=2)
+    got = {}
+    for graphs in (True, False, None):
+        cfg = parse_config({"model": "tiny-random", "train": {"cuda_graphs": graphs}})
+        engine = build_engine(cfg, policy, "transformers")
+        assert engine.static_decode is graphs
+        got[graphs] = [c.completion_ids for c in engine.generate(PROMPTS, params, "b1")]
+        assert engine._kv.static is bool(graphs)        # None on a CPU: off
+    assert got[True] == got[False] == got[None]

@@ -60,7 +60,8 @@ def rollout_batch_size(cfg: Config) -> int:
 def build_engine(cfg: Config, policy, engine: str) -> RolloutEngine:
     """The rollout engine ``engine`` for ``policy``, whose base model was loaded from ``cfg.model``."""
     if engine == "transformers":
-        return TransformersEngine(policy, batch_size=rollout_batch_size(cfg), decoder=cfg.train.decoder)
+        return TransformersEngine(policy, batch_size=rollout_batch_size(cfg), decoder=cfg.train.decoder,
+                                  static_decode=cfg.train.cuda_graphs)
     from evotrainer.policy.base_model import model_dir
     from evotrainer.policy.vllm_engine import VllmEngine
 
