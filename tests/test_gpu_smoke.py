@@ -2,7 +2,8 @@
 
 A device session is 15 minutes with no network: a script that breaks there costs the whole
 measurement. This runs the same code paths (rollouts with an adapter, a GRPO step, the sampler vs
-trainer logprob check, and the population variant's three paths where vllm is installed).
+trainer logprob check, and the population variant's paths: one adapter at a time, one batch decoded at the
+growing prefix and at static shapes, merged, and vLLM where it is installed).
 """
 
 import json
@@ -35,7 +36,7 @@ def test_gpu_smoke_runs_on_cpu_and_reports_every_path(tmp_path):
 
     [pop] = population["population"]
     assert "error" not in pop, pop
-    want = ["transformers", "merged"] + (["vllm"] if vllm_version() else [])
+    want = ["transformers", "together-dynamic", "together-static", "merged"] + (["vllm"] if vllm_version() else [])
     assert list(pop["paths"]) == want
     assert pop["paths"]["transformers"]["ratio"] == 1.0
     assert all(p["tokens_per_s"] > 0 for p in pop["paths"].values())
