@@ -45,17 +45,23 @@ ARCHS = {
 }
 
 
-def build_model(arch: str, tokenizer_dir: str | None, dtype: str, folder: Path) -> Path:
-    """A Hugging Face folder with random weights of ``arch`` and the carried tokenizer."""
-    if (folder / "config.json").is_file():
-        return folder
+def random_model(arch: str, tokenizer_dir: str | None, dtype: str):
+    """(model, tokenizer): random weights of ``arch`` (seeded) and the carried tokenizer (default: the
+    embedded one's), with a chat template."""
     tok = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else load_tokenizer("tiny-random")
     if not tok.chat_template:
         tok.chat_template = CHATML_TEMPLATE
     kind, shape = ARCHS[arch]
     config = tiny_config(len(tok), **shape) if arch == "tiny" else AutoConfig.for_model(kind, vocab_size=len(tok), **shape)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)), tok
+
+
+def build_model(arch: str, tokenizer_dir: str | None, dtype: str, folder: Path) -> Path:
+    """A Hugging Face folder with random weights of ``arch`` and the carried tokenizer."""
+    if (folder / "config.json").is_file():
+        return folder
+    model, tok = random_model(arch, tokenizer_dir, dtype)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder

@@ -46,8 +46,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
 from evotrainer.policy.base_model import load_base_model, model_dir
 from evotrainer.policy.lora import LoraSettings, Policy
 from evotrainer.policy.rollout_engine import SamplingParams, TransformersEngine
@@ -125,20 +123,13 @@ def sync(device: str) -> None:
 def random_init(arch: str, tokenizer: str | None, dtype: str, device: str):
     """A model of a real architecture's shape with random weights (``gpu_loop.ARCHS``), for a machine
     that no weights can reach, and the tokenizer from ``tokenizer`` (default: the embedded one's)."""
-    from gpu_loop import ARCHS   # benchmarks/: this script's folder
+    from gpu_loop import random_model   # benchmarks/: this script's folder
 
-    from evotrainer.policy.base_model import CHATML_TEMPLATE, load_tokenizer, tiny_config
-
-    tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else load_tokenizer("tiny-random")
-    tok.chat_template = tok.chat_template or CHATML_TEMPLATE
+    model, tok = random_model(arch, tokenizer, dtype)
     tok.pad_token = tok.pad_token or tok.eos_token
     tok.padding_side = "left"
-    kind, shape = ARCHS[arch]
-    config = tiny_config(len(tok), **shape) if arch == "tiny" else AutoConfig.for_model(kind, vocab_size=len(tok), **shape)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).to(device)
     model.generation_config.pad_token_id = tok.pad_token_id
-    return model, tok
+    return model.to(device), tok
 
 
 def run_merged(policy, names, jobs, params, tmp: Path, base_state: dict) -> dict:
