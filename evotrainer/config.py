@@ -237,7 +237,7 @@ class EvolutionConfig(_Section):
                                         description="operator name -> weight")
     selection: Literal["nsga2", "tournament"] = "nsga2"
     tournament_size: int = Field(2, ge=1, le=1024)
-    elitism: int = Field(1, ge=0, description="best valid branches always kept")
+    elitism: int = Field(1, ge=0, description="branches always kept: the first valid ones in the elite's order")
     diversity: DiversityConfig = Field(default_factory=DiversityConfig)
     gate_level: float = Field(GATE_LEVEL, gt=0, lt=1, description="confidence level of the paired bootstrap gate")
     min_delta: float = Field(0.0, description="a child is promoted when the CI lower bound exceeds this")

@@ -137,10 +137,12 @@ def test_parent_draws_cover_two_cells_when_tournaments_would_pick_one():
 
 
 # ---- a run's selection stage, with and without -------------------------------------------------
-def settle(exp, vid, score):
+def settle(exp, vid, score, promoted=False):
     vd = exp.vdir(vid)
     meta = vd.meta()
     meta.status, meta.metrics = "kept", {"selection_accuracy": score, "cost": 10.0}
+    if promoted:   # the gate's verdict: the elite ranks the harness the gate vouches for first
+        meta.status, meta.decision = "promoted", {"promote": True}
     vd.save_meta(meta)
 
 
@@ -161,7 +163,7 @@ def selected(tmp_path, min_cells):
                 (child(seed, "std_group_filter", 0), 0.60, "hook:keep_groups")]
     for program, score, factor in programs:
         vid = new_version(exp, parent, program.source, 1, operator=factor and "library", factor=factor)
-        settle(exp, vid, score)
+        settle(exp, vid, score, promoted=factor is not None)   # the children beat the seed at the gate
     exp.state.generation, exp.state.stage = 1, "select"
     exp.select_stage(1)
     return exp
@@ -183,7 +185,7 @@ def test_the_same_candidates_keep_more_distinct_harnesses_alive_with_diversity(b
     assert not any("diversity" in e for e in off.state.events)
     assert any("gen 1: diversity: survivors v0006 (filter:" in e and "in place of v0004 (knobs:optimiser" in e
                for e in on.state.events)
-    assert on.vdir("v0004").meta().status == "pruned" and on.vdir("v0006").meta().status == "kept"
+    assert on.vdir("v0004").meta().status == "pruned" and on.vdir("v0006").meta().status == "promoted"
 
 
 def test_every_version_records_its_descriptor_and_mlflow_has_it(both):

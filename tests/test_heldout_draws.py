@@ -85,8 +85,17 @@ def test_the_final_pick_is_reported_on_the_test_split(finished):
     final = exp.state.final
     pick = final["version"]
     assert pick in exp.state.survivors
-    best = max(exp.vdir(v).meta().metrics["selection_accuracy"] for v in exp.state.survivors)
-    assert exp.vdir(pick).meta().metrics["selection_accuracy"] == best
+    # The elite's order: the harness the gate vouches for most, then the selection score.
+    from evotrainer.loop.stages.selection import harness_evidence
+
+    # (among the survivors the selection draw ranks at or above the untrained model)
+    bar = (exp.state.start or {}).get("selection_accuracy", float("-inf"))
+    above = [v for v in exp.state.survivors if exp.vdir(v).meta().metrics["selection_accuracy"] >= bar]
+    assert above, "this fixture's run should train something above the untrained model"
+    evidence = {v: harness_evidence(v, lambda u: exp.vdir(u).meta()) for v in above}
+    first = [v for v in above if evidence[v] == min(evidence.values())]
+    best = max(exp.vdir(v).meta().metrics["selection_accuracy"] for v in first)
+    assert evidence[pick] == min(evidence.values()) and exp.vdir(pick).meta().metrics["selection_accuracy"] == best
     test = exp.vdir(pick).rollouts("test")
     assert {r.task_id for r in test} == {t.id for t in exp.runtime.domain.tasks("test")} and len(test) == 5
     assert all(r.split == "test" and "correct" in r.hidden for r in test)

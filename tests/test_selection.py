@@ -44,9 +44,10 @@ def test_parents_are_valid_seeded_and_favour_the_front():
     assert parents([Candidate("x", 0.1, 1.0, valid=False)], 3) == [] and parents(cands(), 0) == []
 
 
-def test_at_an_equal_score_a_stuck_version_loses_the_elite():
+def test_a_stuck_version_loses_the_elite_to_one_that_moves():
     """The misfit setting's exploit: the stuck control and a learning-rate child tied at 0.333 on the
-    selection draw, and the control (cheaper, earlier id) took the exploit budget it could not use."""
+    selection draw, and the control (cheaper, earlier id) took the exploit budget it could not use. A
+    stuck lineage repeats itself under any continuation, so a moving one comes first whatever it drew."""
     from evotrainer.fitness.engine_metrics import engine_alerts
     from evotrainer.loop.stages.selection import reported_stuck
 
@@ -58,4 +59,82 @@ def test_at_an_equal_score_a_stuck_version_loses_the_elite():
     other = Candidate("v0007", 0.25, 11.0)
     assert survivors([control, child, other], 1) == ["v0006"]
     assert survivors([Candidate("v0004", 0.333, 10.0), Candidate("v0006", 0.333, 12.0), other], 1) == ["v0004"]
-    assert survivors([control, Candidate("v0006", 0.30, 12.0), other], 1) == ["v0004"]   # only a tie
+    assert survivors([control, Candidate("v0006", 0.30, 12.0), other], 1) == ["v0006"]
+    assert survivors([control, Candidate("v0006", 0.30, 12.0, stuck=True)], 1) == ["v0004"]   # all stuck: score
+
+
+def _lineage():
+    """A run's versions as draw 51's math-learns seed 2 held them, plus a promoted branch."""
+    from evotrainer.records.version import BranchVersion
+
+    def v(vid, parent=None, operator=None, promote=None):
+        return BranchVersion(id=vid, base_model="m", genome_hash=vid, parents=[parent] if parent else [],
+                             operator=operator, decision=None if promote is None else {"promote": promote},
+                             status="promoted" if promote else "kept")
+
+    return {m.id: m for m in (
+        v("v0000"), v("v0001", "v0000"), v("v0004", "v0001"),                           # the recipe, continued
+        v("v0002", "v0000", "knobs", promote=False), v("v0005", "v0002"),              # mask_truncated: refused
+        v("v0007", "v0005", "library", promote=False), v("v0008", "v0007"),            # a 256-token cap: a tie
+        v("v0003", "v0000", "library", promote=True), v("v0009", "v0003"),             # promoted, continued
+        v("v0010", "v0009", "knobs", promote=True), v("v0011", "v0005", "knobs", promote=True))}
+
+
+def test_harness_evidence_reads_every_change_on_the_lineage():
+    from evotrainer.loop.stages.selection import harness_evidence
+
+    metas = _lineage()
+    evidence = {vid: harness_evidence(vid, metas.__getitem__) for vid in metas}
+    assert [evidence[v] for v in ("v0000", "v0001", "v0004")] == [1, 1, 1]      # the recipe's own harness
+    assert [evidence[v] for v in ("v0002", "v0005", "v0007", "v0008")] == [2, 2, 2, 2]
+    assert [evidence[v] for v in ("v0003", "v0009", "v0010")] == [0, 0, 0]      # every change promoted
+    assert evidence["v0011"] == 2     # promoted against a control whose own harness was never promoted
+    # a person held the promoted v0003 back at the completion gate: its status says kept, and so the walk
+    metas["v0003"].status = "kept"
+    assert [harness_evidence(v, metas.__getitem__) for v in ("v0003", "v0009", "v0010")] == [2, 2, 2]
+    # an ancestor without a record vouches for nothing, and a cycle ends the walk
+    assert harness_evidence("v0009", lambda u: None if u == "v0003" else metas[u]) == 2
+    metas["v0000"].parents = ["v0004"]
+    assert harness_evidence("v0004", metas.__getitem__) == 2
+
+
+def test_the_elite_is_the_harness_the_gate_vouches_for_before_the_selection_score():
+    """Draw 51, math-learns, seed 2: a 256-token cap (a child that tied its control, on a parent the gate
+    refused) drew 0.542 on the selection draw against the recipe's continuation's 0.458 and took the
+    exploit; its lineage fell on held-out. Seeds 0 and 1: an overlong penalty that tied its control took
+    it at a tie on cost. The recipe's lineage keeps the elite's place until a promoted change beats it."""
+    from evotrainer.loop.stages.selection import harness_evidence
+
+    metas = _lineage()
+
+    def cand(vid, score, cost=25.0):
+        return Candidate(vid, score, cost, evidence=harness_evidence(vid, metas.__getitem__))
+
+    assert survivors([cand("v0008", 0.542, 63.0), cand("v0004", 0.458), cand("v0005", 0.458)], 1) == ["v0004"]
+    assert survivors([cand("v0008", 0.542), cand("v0004", 0.458), cand("v0009", 0.417)], 1) == ["v0009"]
+    assert survivors([cand("v0008", 0.542), cand("v0005", 0.5)], 1) == ["v0008"]       # no better evidence: score
+    # below the untrained model, the promoted lineage yields to the recipe's continuation above it
+    below = Candidate("v0009", 0.3, 25.0, evidence=0, below_start=True)
+    assert survivors([cand("v0008", 0.542), cand("v0004", 0.458), below], 1) == ["v0004"]
+    assert survivors([Candidate("v0004", 0.2, 25.0, evidence=1, below_start=True), below], 1) == ["v0009"]
+
+
+def test_the_final_pick_is_first_in_the_elites_order_among_versions_above_the_untrained_model(tmp_path):
+    from evotrainer.loop.run_versions import RunVersions
+    from evotrainer.loop.stages.final_pick import final_pick
+    from evotrainer.loop.stages.start import START
+    from evotrainer.records.version import VersionDir
+
+    versions = RunVersions(tmp_path / "versions")
+    scores = {"v0000": 0.40, "v0001": 0.45, "v0004": 0.458, "v0002": 0.40, "v0005": 0.40, "v0007": 0.5,
+              "v0008": 0.542, "v0003": 0.40, "v0009": 0.417, "v0010": 0.30, "v0011": 0.60}
+    for vid, meta in _lineage().items():
+        meta.metrics = {"selection_accuracy": scores[vid], "cost": 25.0}
+        VersionDir(versions.root / vid).save_meta(meta)
+    # a promoted lineage first, the recipe's next, whatever a refused change drew
+    assert final_pick(versions, ["v0008", "v0004", "v0009"], start_selection=0.40) == "v0009"
+    assert final_pick(versions, ["v0008", "v0004"], start_selection=0.40) == "v0004"
+    # the promoted lineage below the untrained model is passed over, not a reason to pick the start
+    assert final_pick(versions, ["v0008", "v0004", "v0010"], start_selection=0.40) == "v0004"
+    assert final_pick(versions, ["v0008", "v0004", "v0010"], start_selection=0.55) == START
+    assert final_pick(versions, ["v0008", "v0004", "v0010"], start_selection=None) == "v0010"

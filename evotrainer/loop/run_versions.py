@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from evotrainer.records.version import VersionDir
+from evotrainer.records.version import BranchVersion, VersionDir
 
 
 @dataclass(frozen=True)
@@ -27,3 +27,8 @@ class RunVersions:
 
     def of_generation(self, generation: int) -> list[str]:
         return [v for v in self.ids() if self.vdir(v).meta().generation == generation]
+
+    def meta_or_none(self, vid: str) -> BranchVersion | None:
+        """A version's record, or None when it has none (a lineage walk meeting a removed ancestor)."""
+        vd = self.vdir(vid)
+        return vd.meta() if (vd.path / "meta.json").is_file() else None

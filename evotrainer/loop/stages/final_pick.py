@@ -2,7 +2,8 @@
 
 Selection ranks versions on the selection draw of the held-out pool and gates promote on the gate
 draw, so both draws carry the loop's choices (a best-of-many score is biased upwards). After the last
-generation the best survivor by selection score is verified once on the ``test`` split, which no
+generation the survivor first in the elite's order (a moving lineage, then the gate's evidence for its
+harness, then the selection score) is verified once on the ``test`` split, which no
 gate, selection, revert or operator ever read; that is the score a run reports for what it found.
 A survivor the selection draw ranks below the untrained model is never the pick: the start is
 (``loop/stages/start.py``), and the untrained model's test score is reported beside the pick's either way.
@@ -10,6 +11,7 @@ A survivor the selection draw ranks below the untrained model is never the pick:
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from evotrainer.domains.task import Task
@@ -18,7 +20,7 @@ from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.loop.stages.selection import rank_score
+from evotrainer.loop.stages.selection import harness_evidence, rank_score, reported_stuck
 from evotrainer.loop.stages.start import START, scored_start, start_test
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.rollout import Rollout
@@ -33,16 +35,30 @@ TEST = "test"   # the version's rollout file of its test-split verification
 
 
 def final_pick(versions: RunVersions, survivors: list[str], start_selection: float | None) -> str | None:
-    """The survivor with the best selection-draw score (then the lower cost, then the id); the start
-    when that score is below the untrained model's ``start_selection`` (or no survivor has one); None
-    without either (``start_selection`` is None when the start has no selection score)."""
+    """Among the survivors the selection draw ranks at or above the untrained model's
+    ``start_selection``, the first in the elite's order (``selection.elite_key``): a lineage that
+    moves before one whose report raised ``adapter_stuck``, then the harness the gate vouches for most
+    (``harness_evidence``: a promoted one, then the recipe's own, then one it did not promote), then
+    the best selection-draw score, the lower cost and the id. The start when no survivor reaches it;
+    None when no survivor is scored and the start has no selection score either.
+
+    The untrained model's bar comes first so that a promoted lineage scoring below it does not
+    hand the pick to the start while the recipe's own continuation stands above it."""
     metas = [versions.vdir(v).meta() for v in survivors if versions.vdir(v).path.is_dir()]
     scored = [m for m in metas if not m.is_invalid and m.metrics.get("selection_accuracy") is not None]
-    best = min(scored, key=lambda m: (-rank_score(m.metrics), m.metrics.get("cost", 0.0), m.id),
+    if start_selection is not None:
+        scored = [m for m in scored if m.metrics["selection_accuracy"] >= start_selection]
+        if not scored:
+            return START
+    best = min(scored, key=lambda m: (_stuck(versions, m.id), harness_evidence(m.id, versions.meta_or_none),
+                                      -rank_score(m.metrics), m.metrics.get("cost", 0.0), m.id),
                default=None)
-    if start_selection is not None and (best is None or best.metrics["selection_accuracy"] < start_selection):
-        return START
     return best.id if best else None
+
+
+def _stuck(versions: RunVersions, vid: str) -> bool:
+    health = versions.vdir(vid).path / "health.json"
+    return health.is_file() and reported_stuck(json.loads(health.read_text()))
 
 
 def report_test(exp: Experiment) -> dict | None:

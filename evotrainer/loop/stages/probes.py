@@ -4,7 +4,7 @@ Exploring in generations of ``steps_per_generation`` steps, half of a 16- or 24-
 versions: the reference's first generation and one generation of a control and two children, so
 ``evolve`` tried 2 children at 16 steps, 3 at 24, and 1 with the quickstart at 24 (4 steps a
 generation): issue 47's "under a small step budget, `evolve` searches nothing". Probing explores in short
-generations instead (``evolution.probe_steps``, 1 step by default), each the best survivor's
+generations instead (``evolution.probe_steps``, 1 step by default), each the elite's
 continuation beside its children, while the steps spent beside that one lineage stay within a
 quarter of the budget; then the exploit phase trains the elite in generations of
 ``steps_per_generation`` steps until the budget is spent. The pick's lineage keeps at least 75% of the

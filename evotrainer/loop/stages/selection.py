@@ -3,7 +3,8 @@
 Objectives: maximise held-out score, minimise cost (generated tokens per training step). Validity
 is a constraint, not an objective: an invalid version is never selected, whatever its score.
 NSGA-II (the default) keeps the Pareto front first; tournament selection is an option. Elitism
-always keeps the best valid versions by score. With ``min_cells`` > 1 the choice then covers that
+always keeps the first valid versions in the elite's order (:func:`elite_key`: above the untrained
+model, moving, the gate's evidence for the harness, then the score). With ``min_cells`` > 1 the choice then covers that
 many harness-descriptor cells where the candidates hold them (``loop/stages/diversity.py``): the best of an
 uncovered cell replaces the lowest-scoring pick of a cell another pick still holds, and ``say`` is
 told each replacement.
@@ -21,6 +22,7 @@ from evotrainer.loop.stages.diversity import diversify
 from evotrainer.policy.imitation import imitation_mask
 from evotrainer.records.numeric import is_dead, mean
 from evotrainer.records.rollout import Rollout, group_rollouts
+from evotrainer.records.version import BranchVersion, Status
 
 
 TIE_SCALE = 1e-6   # below the smallest step of an accuracy over fewer than a million rollouts
@@ -62,6 +64,36 @@ def groups_with_gradient(train: Sequence[Rollout], steps: Sequence[dict]) -> flo
                  or (g[0].step in imitating and any(any(imitation_mask(r)) for r in g)) for g in groups])
 
 
+def harness_evidence(vid: str, meta_of: Callable[[str], BranchVersion | None]) -> int:
+    """How far the gate vouches for a version's harness, read along its lineage back to the start:
+    0 when every change of harness on the way was promoted by the gate (and there was one), 1 when
+    there was none (the start's own harness: the recipe, continued), 2 when a change on the way only
+    tied its control or lost to it (a tie kept as a branch of its own), or was promoted and then held
+    back by a person (its status, not the gate's record, says which), or when a version on the way
+    has no record to read (``meta_of`` gives None): what cannot be read is not vouched for.
+
+    Why it ranks before the selection score: a 24-task selection draw ranks versions whose true
+    difference is far below its noise, so an unpromoted change that drew high there took the exploit
+    phase from the recipe's own lineage on three of the five seeds of draw 51's math-learns (a
+    256-token cap, an overlong penalty), and each such lineage ended below the recipe. A change
+    replaces the recipe when the gate's paired test says it is better, as the product promises, not on
+    one draw's luck."""
+    promoted_on_the_way, seen = False, set()
+    while vid not in seen:
+        seen.add(vid)
+        meta = meta_of(vid)
+        if meta is None:
+            return 2
+        if meta.operator is not None:                  # a child: its harness is its change
+            if meta.status != Status.PROMOTED:
+                return 2
+            promoted_on_the_way = True
+        if not meta.parents:
+            return 0 if promoted_on_the_way else 1
+        vid = meta.parents[0]                          # a continuation (or a revert's) carries its parent's
+    return 2                                           # a cycle: no record can be trusted to vouch
+
+
 class _Fitness(base.Fitness):
     weights = (1.0, -1.0)  # (held-out score ↑, cost ↓)
 
@@ -74,14 +106,28 @@ class Candidate:
     valid: bool = True
     cell: str | None = None    # its harness descriptor's cell (loop/stages/diversity.py); None: not described
     # Its report raised adapter_stuck: its groups had a gradient, yet its training changed almost no
-    # held-out answer. At an equal score it loses the elite's place to a version whose training moves:
+    # held-out answer. It loses the elite's place to a version whose training moves (:func:`elite_key`):
     # a stuck lineage repeats itself under any continuation, as a dead one does (the misfit setting's
     # exploit went to the stuck control over a learning-rate child tied with it). As a parent it stays
     # welcome: triage gives its children the learning-rate change it needs.
     stuck: bool = False
+    # What the gate says of its harness (:func:`harness_evidence`): the elite is a version of a
+    # promoted harness, then of the recipe's own, then of a harness the gate did not promote.
+    evidence: int = 1
+    # The selection draw ranks it below the untrained model: whatever the gate said of its harness, it
+    # is no elite while a version above that bar stands (the final pick never picks it either).
+    below_start: bool = False
 
     def __post_init__(self) -> None:
         self.fitness = _Fitness((self.score, self.cost))
+
+
+def elite_key(c: Candidate) -> tuple:
+    """The elite's order: a version at or above the untrained model before one below it, then a
+    lineage that moves before a stuck one (a stuck lineage repeats itself under any continuation: the
+    misfit recipe's does, and any move beats it), then the gate's evidence for its harness, then the
+    selection score, the cost and the id."""
+    return (c.below_start, c.stuck, c.evidence, -c.score, c.cost, c.version_id)
 
 
 def survivors(cands: Sequence[Candidate], k: int, method: str = "nsga2", elitism: int = 1,
@@ -92,7 +138,7 @@ def survivors(cands: Sequence[Candidate], k: int, method: str = "nsga2", elitism
     valid = [c for c in cands if c.valid]
     if len(valid) <= k:
         return [c.version_id for c in valid]
-    elite = sorted(valid, key=lambda c: (-c.score, c.stuck, c.cost, c.version_id))[:min(elitism, k)]
+    elite = sorted(valid, key=elite_key)[:min(elitism, k)]
     picked = elite + _fill(valid, elite, k, method, tournament_size, seed)
     return [c.version_id for c in diversify(picked, valid, min_cells, len(elite), "survivors", say)]
 
