@@ -108,7 +108,7 @@ def _seeds(d: dict | None) -> str:
 
 
 def verdict(summary: dict) -> str:
-    """The first sentence about results: whether `evolve` as shipped beats both baselines, pooled."""
+    """The first sentence about results: whether `evolve` (at the commits that ran) beats both baselines, pooled."""
     pooled, runs = summary["pooled"]["delta"], summary["runs"]
     count = (f"{runs['done']} of {runs['planned']} runs" if "planned" in runs
              else f"{runs['done']} run" + ("" if runs["done"] == 1 else "s"))
@@ -116,9 +116,10 @@ def verdict(summary: dict) -> str:
     if not ref or not rnd:
         return f"**The suite has too few runs to compare modes yet** ({count})."
     wins = ref["ci90"][0] > 0 and rnd["ci90"][0] > 0
-    # "as shipped" names the code that ran: the commits of the `evolve` rows (later commits may differ)
+    # Named by the code that ran: the commits of the `evolve` rows (main may ship a later `evolve`; the
+    # README's text says whether it does and which draw measures it)
     commits = sorted({c for s in summary["settings"].values() for c in s["modes"].get("evolve", {}).get("commits", [])})
-    shipped = f"`evolve` as shipped at {', '.join(commits)}"
+    shipped = f"`evolve` at {', '.join(commits)}"
     head = (f"**{shipped} beats both `reference` and `random-library` on this suite**" if wins else
             f"**{shipped} does not beat both `reference` and `random-library` on this suite**")
     return (f"{head} ({count}): pooled over settings × seeds, `evolve` − `reference` is {_ci(ref)} and "

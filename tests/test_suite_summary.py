@@ -85,7 +85,7 @@ def test_summary_schema_deltas_and_the_verdict(tmp_path):
         "random-library": [row(s, tasks(20)) for s in range(3)]})
     lost = summarize(tmp_path)
     assert lost["pooled"]["delta"]["evolve-reference"]["ci90"][0] < 0
-    assert readme_table(lost).startswith("**`evolve` as shipped at 0123456 does not beat both")   # the code that ran
+    assert readme_table(lost).startswith("**`evolve` at 0123456 does not beat both")   # the code that ran
 
 
 def test_too_few_runs_says_so(tmp_path):
