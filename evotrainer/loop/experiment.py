@@ -13,7 +13,6 @@ finished work and duplicates nothing (stages are idempotent; MLflow records are 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -41,7 +40,7 @@ from evotrainer.loop.stages.proposals import ProposalInputs, evidence_for
 from evotrainer.loop.stages.revert import apply_revert, plan_reverts
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.compute.runtime import Runtime
-from evotrainer.loop.stages.selection import (Candidate, harness_evidence, rank_score, reported_stuck,
+from evotrainer.loop.stages.selection import (Candidate, harness_evidence, rank_score, version_stuck,
                                                survivors as select_survivors)
 from evotrainer.loop.knowledge.skills import SkillLibrary
 from evotrainer.loop.stages.start import note_selection, verify_start
@@ -299,8 +298,7 @@ class Experiment:
             m = self.vdir(v).meta()
             if m.status in SETTLED:
                 # Ranked on the selection draw: the gate draw decided this version's promotion.
-                health = self.vdir(v).path / "health.json"
-                stuck = health.is_file() and reported_stuck(json.loads(health.read_text()))
+                stuck = version_stuck(self.vdir(v))
                 below = bar is not None and m.metrics.get("selection_accuracy", bar) < bar
                 out.append(Candidate(v, rank_score(m.metrics), m.metrics.get("cost", 0.0), cell=cell, stuck=stuck,
                                      evidence=harness_evidence(v, self.run_versions.meta_or_none), below_start=below))

@@ -11,7 +11,6 @@ A survivor the selection draw ranks below the untrained model is never the pick:
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from evotrainer.domains.task import Task
@@ -20,7 +19,7 @@ from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.loop.stages.selection import harness_evidence, rank_score, reported_stuck
+from evotrainer.loop.stages.selection import Candidate, elite_key, harness_evidence, rank_score, version_stuck
 from evotrainer.loop.stages.start import START, scored_start, start_test
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.rollout import Rollout
@@ -50,15 +49,10 @@ def final_pick(versions: RunVersions, survivors: list[str], start_selection: flo
         scored = [m for m in scored if m.metrics["selection_accuracy"] >= start_selection]
         if not scored:
             return START
-    best = min(scored, key=lambda m: (_stuck(versions, m.id), harness_evidence(m.id, versions.meta_or_none),
-                                      -rank_score(m.metrics), m.metrics.get("cost", 0.0), m.id),
-               default=None)
-    return best.id if best else None
-
-
-def _stuck(versions: RunVersions, vid: str) -> bool:
-    health = versions.vdir(vid).path / "health.json"
-    return health.is_file() and reported_stuck(json.loads(health.read_text()))
+    cands = [Candidate(m.id, rank_score(m.metrics), m.metrics.get("cost", 0.0), stuck=version_stuck(versions.vdir(m.id)),
+                       evidence=harness_evidence(m.id, versions.meta_or_none)) for m in scored]
+    best = min(cands, key=elite_key, default=None)
+    return best.version_id if best else None
 
 
 def report_test(exp: Experiment) -> dict | None:

@@ -12,6 +12,7 @@ told each replacement.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -22,7 +23,7 @@ from evotrainer.loop.stages.diversity import diversify
 from evotrainer.policy.imitation import imitation_mask
 from evotrainer.records.numeric import is_dead, mean
 from evotrainer.records.rollout import Rollout, group_rollouts
-from evotrainer.records.version import BranchVersion, Status
+from evotrainer.records.version import BranchVersion, Status, VersionDir
 
 
 TIE_SCALE = 1e-6   # below the smallest step of an accuracy over fewer than a million rollouts
@@ -62,6 +63,12 @@ def groups_with_gradient(train: Sequence[Rollout], steps: Sequence[dict]) -> flo
         return None
     return mean([not is_dead([r.reward for r in g])
                  or (g[0].step in imitating and any(any(imitation_mask(r)) for r in g)) for g in groups])
+
+
+def version_stuck(vd: VersionDir) -> bool:
+    """Whether a version's own health report raised ``adapter_stuck`` (False before it has one)."""
+    health = vd.path / "health.json"
+    return health.is_file() and reported_stuck(json.loads(health.read_text()))
 
 
 def harness_evidence(vid: str, meta_of: Callable[[str], BranchVersion | None]) -> int:
