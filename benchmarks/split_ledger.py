@@ -59,9 +59,10 @@ def ledger() -> dict[tuple, dict[str, set[str]]]:
     for path in sorted(RESULTS.glob("suite*/*.json")):   # the suite, and its earlier draws (suite_ds46/)
         data = json.loads(path.read_text())
         split = split_of(data["config"], data.get("overrides") or [f"domain.seed={data['domain_seed']}"])
-        for v in data["scored_on_test"]:   # a mode at each commit it ran is a variant of its own
-            add(split, f"{v['variant']}@{v['commit'][:7]}" if v.get("commit") else v["variant"],
-                f"{path.parent.name}/{path.name}")
+        sets = [o for o in data.get("overrides") or [] if not o.startswith("domain.")]
+        for v in data["scored_on_test"]:   # a mode at each commit it ran, and under each override, is its own
+            name = v["variant"] + (f"[{', '.join(sets)}]" if sets else "")
+            add(split, f"{name}@{v['commit'][:7]}" if v.get("commit") else name, f"{path.parent.name}/{path.name}")
     return out
 
 

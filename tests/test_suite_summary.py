@@ -149,3 +149,19 @@ def test_two_suite_processes_on_one_setting_take_turns(tmp_path):
     assert sum(out.count("the untrained model on the test split") for out, _ in outs) == 1
     data = json.loads((tmp_path / "raw" / "math-learns.json").read_text())
     assert set(data["runs"]) == {"reference", "random-library"}
+
+
+def test_the_ledger_names_a_variant_run_under_an_override_apart_from_the_plain_one(tmp_path, monkeypatch):
+    # Draw 52's `evolve` with the skill prior switched off scored the same split as its plain `evolve`
+    # at the same commit: the ledger must list them as two variants, not fold one into the other.
+    import split_ledger
+
+    for folder, sets in (("suite_ds52", []), ("suite_ds52_prior_null", ["evolution.entry_prior=null"])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "math-learns.json").write_text(json.dumps({
+            "config": "benchmarks/configs/suite/math_learns.yaml", "overrides": ["domain.seed=52", *sets],
+            "scored_on_test": [{"variant": "evolve", "commit": "30ed0117cc"}]}))
+    monkeypatch.setattr(split_ledger, "RESULTS", tmp_path)
+    (variants,) = split_ledger.ledger().values()
+    assert sorted(variants) == ["evolve@30ed011", "evolve[evolution.entry_prior=null]@30ed011"]
+    assert variants["evolve[evolution.entry_prior=null]@30ed011"] == {"suite_ds52_prior_null/math-learns.json"}
