@@ -103,3 +103,14 @@ def test_heldout_verification_of_a_population_is_each_versions_own(engine, domai
         alone = verify(engine, domain, ts, adapter, 16, 0.0, (0, 1), prompt)
         assert _shape(got) == _shape(alone), adapter
         assert all(r.visible.keys() <= {"format_ok"} for r in got)      # held-out verdicts stay hidden
+
+
+def test_an_episode_batch_continues_from_kept_rows_and_releases_them_when_it_ends(engine, domain):
+    """Within a batch each turn continues from the rows the last turn kept; after it, nothing continues
+    them, and a SWE batch's rows (thousands of positions per row) are dropped instead of held through
+    the training step."""
+    reused = engine._kv.reused_tokens if engine._kv is not None else 0
+    verify_many(engine, domain, [(domain.tasks("heldout"), a, default_prompt) for a in ("b1", "b2")],
+                max_new_tokens=16, temperature=0.0, seeds=(0,))
+    assert engine._kv.reused_tokens > reused, "the episodes' turns never continued a kept row"
+    assert engine._kv.kept == {}

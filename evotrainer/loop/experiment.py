@@ -163,6 +163,7 @@ class Experiment:
             if human_gate.checkpoint(self, stage, g):
                 return
             getattr(self, f"{stage}_stage")(g)
+            self.runtime.return_freed_memory()
             if stage != "propose":
                 self.advance(STAGES[STAGES.index(stage) + 1])
         s.generation, s.stage = g + 1, "train"

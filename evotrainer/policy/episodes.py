@@ -243,6 +243,8 @@ def episode_rollouts_many(engine: TokenEngine, domain: Any, requests: Sequence[E
     finally:
         for env in (e for of_envs in envs for e in of_envs):
             env.close()
+        if hasattr(engine, "release_kept"):   # an engine that keeps no rows (vLLM's own cache) has none
+            engine.release_kept()
     out = []
     for (_, group_size, params, _, step, _), of, trajs_of, res in zip(requests, expanded, trajs, results):
         verdicts = domain.verify_batch(of, [r["patch"] for r in res])

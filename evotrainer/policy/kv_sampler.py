@@ -224,12 +224,14 @@ class KVSampler:
             parts.append(self._prefill([prompts[i] for i in rows], lora, keys[name], max_new_tokens))
             order += rows
         capacity = max(c.length for c, _ in parts) + max_new_tokens
-        cache = KVCache.concat([(c, torch.arange(c.k[0].shape[0], device=dev)) for c, _ in parts], capacity)
         back = torch.empty(len(order), dtype=torch.long, device=dev)
         back[torch.tensor(order, device=dev)] = torch.arange(len(order), device=dev)
         logits = torch.cat([lg for _, lg in parts]).index_select(0, back)
+        cache = KVCache.concat([(c, torch.arange(c.k[0].shape[0], device=dev)) for c, _ in parts], capacity)
+        del parts   # each branch's cache is in the stacked one now: one copy less at the peak
+        cache = cache.select(back, capacity)
         group = torch.tensor([names.index(a) for a in adapters], device=dev)
-        return cache.select(back, capacity), logits, RowLora(group, loras)
+        return cache, logits, RowLora(group, loras)
 
     # ---- prefill --------------------------------------------------------------------------------
     def _prefill(self, prompts: list[list[int]], lora, key: tuple, max_new_tokens: int) -> tuple[KVCache, torch.Tensor]:
@@ -250,6 +252,7 @@ class KVSampler:
             capacity = max(piece.cache.length for piece in used) + width + max_new_tokens
             cache = KVCache.concat([(piece.cache, torch.tensor([r], device=dev))
                                     for piece, ((_, r), _) in zip(used, keys)], capacity)
+            del pieces, used   # the kept rows are copied: free them before the new tokens' pass
         else:
             capacity = width + max_new_tokens
             cache = self.decoder.new_cache(len(keys), capacity)

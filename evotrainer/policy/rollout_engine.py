@@ -152,6 +152,12 @@ class TransformersEngine:
     def tokenizer(self):
         return self.policy.tokenizer
 
+    def release_kept(self) -> None:
+        """Drops the KV rows kept for continuing the last batch (when a batch of episodes ends, no
+        later call continues them; a SWE batch's rows held GBs through the training step)."""
+        if self._kv is not None:
+            self._kv.forget()
+
     def encode(self, prompts: Sequence[Messages]) -> list[list[int]]:
         return chat_ids(self.tokenizer, prompts)
 
