@@ -74,36 +74,6 @@ def test_prefill_and_decode_logits_equal_the_peft_model(targets):
     assert (base - adapted).abs().max() > 1e-2
 
 
-def test_a_prefill_in_chunks_equals_one_pass_and_the_peft_model(monkeypatch):
-    # Long SWE turns are prefilled PREFILL_CHUNK positions at a time (their attention scores at once
-    # took GBs). At a chunk of 3 these prompts split into many, and the shorter rows' first chunks are
-    # padding only: logits, the cache and the next decode step must be what one pass gives.
-    import evotrainer.policy.kv_decoder as kvd
-
-    pol = _policy()
-    ids, valid = _padded(pol.tokenizer, PROMPTS)
-    assert ids.shape[1] > 3 * 3 and (~valid[:, :3]).all(-1).any()
-    dec, lora = KVDecoder(pol.model), lora_deltas(pol.model, "br")
-    whole = dec.new_cache(len(PROMPTS), ids.shape[1] + 1)
-    one_pass = dec.forward(whole, ids, valid, lora)
-    monkeypatch.setattr(kvd, "PREFILL_CHUNK", 3)
-    chunked = dec.new_cache(len(PROMPTS), ids.shape[1] + 1)
-    widths, layers = [], dec.layers_forward
-    monkeypatch.setattr(dec, "layers_forward", lambda x, *a: widths.append(x.shape[1]) or layers(x, *a))
-    got = dec.forward(chunked, ids, valid, lora)
-    assert max(widths) == 3 and sum(widths) == ids.shape[1]
-    assert (got - one_pass).abs().max() < 1e-4
-    assert (got - _hf_last_logits(pol, "br", ids, valid)).abs().max() < 2e-4
-    assert chunked.length == whole.length and torch.equal(chunked.next_pos, whole.next_pos)
-    assert torch.equal(chunked.valid, whole.valid)
-    for i in range(len(chunked.k)):
-        keep = whole.valid[:, None, :whole.length, None]   # padding slots hold whatever each pass wrote
-        assert ((chunked.k[i][:, :, :whole.length] - whole.k[i][:, :, :whole.length]).abs() * keep).max() < 1e-4
-    nxt = got.argmax(-1, keepdim=True)
-    step = torch.ones_like(nxt, dtype=torch.bool)
-    assert (dec.forward(chunked, nxt, step, lora) - dec.forward(whole, nxt, step, lora)).abs().max() < 1e-4
-
-
 def test_a_model_with_attention_biases_qwen2():
     tok = load_tokenizer("tiny-random")
     cfg = AutoConfig.for_model("qwen2", vocab_size=len(tok), hidden_size=64, intermediate_size=128,

@@ -45,11 +45,6 @@ def supports(config) -> str | None:
     return None
 
 
-# A prefill appends at most this many positions per pass: its attention scores are (rows, heads,
-# positions, keys) floats, and a 15-row SWE turn of 580 new tokens over 2,400 keys needed ~3 GB for
-# them at once (the episodes' largest peak); in chunks the peak is the chunk's.
-PREFILL_CHUNK = 256
-
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # The decoder's fused projections and what they stack, in order.
 FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
@@ -338,10 +333,6 @@ class KVDecoder:
         start = cache.length
         if start + T > cache.capacity:
             raise ValueError(f"KV cache holds {cache.capacity} positions; {start + T} asked")
-        if T > PREFILL_CHUNK:   # the same positions, masks and keys, a chunk at a time (see PREFILL_CHUNK)
-            for c in range(0, T, PREFILL_CHUNK):
-                logits = self.forward(cache, ids[:, c:c + PREFILL_CHUNK], valid[:, c:c + PREFILL_CHUNK], lora)
-            return logits
         cache.valid[:, start:start + T] = valid
         pos = cache.next_pos[:, None] + valid.long().cumsum(1) - 1
         pos = pos.clamp(min=0)
