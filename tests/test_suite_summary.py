@@ -165,3 +165,18 @@ def test_the_ledger_names_a_variant_run_under_an_override_apart_from_the_plain_o
     (variants,) = split_ledger.ledger().values()
     assert sorted(variants) == ["evolve@30ed011", "evolve[evolution.entry_prior=null]@30ed011"]
     assert variants["evolve[evolution.entry_prior=null]@30ed011"] == {"suite_ds52_prior_null/math-learns.json"}
+
+
+def test_the_prior_transfer_table_pairs_each_arm_by_seed_on_the_seeds_both_ran(tmp_path):
+    from prior_transfer import compare
+
+    for folder, right in (("suite_ds9_prior_no_math", (12, 20)), ("suite_ds9_prior_null", (10, 10, 10)),
+                          ("suite_ds9", (10, 6))):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "m.json").write_text(json.dumps({"runs": {"evolve": [
+            {"seed": s, "test_scores": {t: [v] for t, v in tasks(n).items()}} for s, n in enumerate(right)]}}))
+    out = compare(9, "math", "m", results=tmp_path)
+    assert out["arms"]["none"]["seeds"] == [0, 1, 2]
+    assert out["delta"]["left out - none"]["per_seed"] == {"0": 0.05, "1": 0.25}    # seed 2: only one arm ran it
+    assert out["delta"]["shipped - none"]["per_seed"] == {"0": 0.0, "1": -0.1}
+    assert out["delta"]["left out - shipped"]["mean"] == 0.2
