@@ -229,7 +229,8 @@ class KVSampler:
         logits = torch.cat([lg for _, lg in parts]).index_select(0, back)
         cache = KVCache.concat([(c, torch.arange(c.k[0].shape[0], device=dev)) for c, _ in parts], capacity)
         del parts   # each branch's cache is in the stacked one now: one copy less at the peak
-        cache = cache.select(back, capacity)
+        if order != sorted(order):   # branches' rows interleaved: restore row order (a copy; else none)
+            cache = cache.select(back, capacity)
         group = torch.tensor([names.index(a) for a in adapters], device=dev)
         return cache, logits, RowLora(group, loras)
 
