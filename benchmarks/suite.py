@@ -195,11 +195,20 @@ def test_split_check(name: str, out: Path, opts: Options = Options()) -> dict:
     return out_
 
 
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path, opts: Options = Options()) -> None:
     """Every (setting, seed, mode) not yet in its results file, seed-major across settings, so that a
     stopped suite holds paired seeds of every setting rather than every seed of one."""
     from compare_modes import run_mode
 
+    if "OMP_NUM_THREADS" not in os.environ and (os.cpu_count() or 1) <= 2:
+        print(f"note: torch takes one thread per core ({os.cpu_count()}); if another suite process shares these "
+              "cores, start both with OMP_NUM_THREADS=1 (two threads each spin against each other)", flush=True)
     order = [(seed, name, mode) for seed in range(max(len(SETTINGS[n].seeds) for n in names))
              for name in names for mode in modes]
     refused: dict[str, str] = {}
@@ -226,7 +235,10 @@ def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path, 
         row = run_mode(cfg_path, mode, "total", seed, steps_of(name, opts), out / name / f"{mode}-s{seed}",
                        sets=opts.overrides())
         row.pop("_exp")
-        row.update(commit=git_commit(), config_hash=config_hash(name, opts), started=started)
+        # the threads each run's torch used: two processes of two threads on two cores spin against each other
+        # (docs/benchmarks/suite.md, "Two processes, one thread each"), which shows in wall_s
+        row.update(commit=git_commit(), config_hash=config_hash(name, opts), started=started,
+                   torch_threads=torch_threads())
         with locked(name, opts):
             data = load(name, opts)      # re-read: another process may have added a row meanwhile
             data["runs"].setdefault(mode, []).append(row)

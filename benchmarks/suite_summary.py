@@ -129,7 +129,7 @@ def verdict(summary: dict) -> str:
 def readme_table(summary: dict) -> str:
     """The README's headline: the verdict, then every setting's row and the pooled row, losses included."""
     lines = [verdict(summary), "", "| setting | steps | seeds | untrained | reference | `evolve` | `random-library` | "
-             "`evolve` − reference [90% CI] (per seed) | `evolve` − `random-library` [90% CI] | below untrained "
+             "`evolve` − reference [90% CI] (per seed) | `evolve` − `random-library` [90% CI] (per seed) | below untrained "
              "(ref / evo / rand) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary["settings"].items():
@@ -147,11 +147,13 @@ def readme_table(summary: dict) -> str:
         lines.append(f"| {name} | {s['steps']} | {len(s['seeds'])} | "
                      + (f"{s['untrained']:.3f}" if s["untrained"] is not None else "-")
                      + f" | {cell('reference')} | {cell('evolve')} | {cell('random-library')} | "
-                     f"{_ci(ref)} ({_seeds(ref)}) | {_ci(rnd)} | {below} |")
+                     f"{_ci(ref)} ({_seeds(ref)}) | {_ci(rnd)} ({_seeds(rnd)}) | {below} |")
     pooled = summary["pooled"]["delta"]
-    n_pooled = max((d["n_seeds"] for d in pooled.values()), default=0)
+    ref, rnd = pooled.get("evolve-reference"), pooled.get("evolve-random-library")
+    # each comparison pools its own (setting, seed) pairs: a setting without random-library rows adds none to it
+    n_pooled = " / ".join(f"{d['n_seeds'] if d else '-'} {vs}" for d, vs in ((ref, "vs ref"), (rnd, "vs rand")))
     lines.append(f"| **pooled** (settings × seeds) | | {n_pooled} | "
-                 f"| | | | {_ci(pooled.get('evolve-reference'))} | {_ci(pooled.get('evolve-random-library'))} | |")
+                 f"| | | | {_ci(ref)} | {_ci(rnd)} | |")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ either differs from what the raw files give)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,11 @@ def test_summary_schema_deltas_and_the_verdict(tmp_path):
     assert "does not beat" not in verdict(s) and "beats both" in verdict(s)
     table = readme_table(s)
     assert table.count("\n| a |") == 1 and "**pooled**" in table and "25%" in table
+    row_a = next(line for line in table.splitlines() if line.startswith("| a |"))
+    # both comparisons carry their per-seed deltas (vs random-library: +8, +11, +8, +8 tasks of 40)
+    assert "(+0.20, +0.20, +0.20, +0.20)" in row_a and "(+0.28, +0.20, +0.20, +0.20)" in row_a
+    # each comparison pools its own (setting, seed) pairs: b has no random-library rows
+    assert "| 7 vs ref / 4 vs rand |" in table
     # A loss on the other setting's seeds pulls the pooled lower bound below 0: the verdict says so first.
     setting(tmp_path / "b.json", "b", 0.5, {
         "reference": [row(s, tasks(20)) for s in range(3)], "evolve": [row(s, tasks(12)) for s in range(3)],
@@ -104,7 +110,8 @@ def test_the_suite_runs_on_the_tiny_model_and_resumes(tmp_path):
             "--set", "evolution.steps_per_generation=1", "--set", "domain.n_test=6", "--set", "domain.n_heldout=8",
             "--set", "grpo.max_completion_length=32", "--set", "train.eval_max_new_tokens=6",
             "--results", str(tmp_path / "raw"), "--out", str(tmp_path / "runs")]
-    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}   # as two suite processes on two cores should run
+    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads((tmp_path / "raw" / "math-learns.json").read_text())
     assert set(data["runs"]) == {"reference", "evolve", "random-library"}
@@ -112,10 +119,11 @@ def test_the_suite_runs_on_the_tiny_model_and_resumes(tmp_path):
     for mode, (r,) in data["runs"].items():
         assert r["seed"] == 0 and len(r["commit"]) >= 40 and len(r["config_hash"]) == 16
         assert len(r["test_scores"]) == 6 and r["train_steps"] >= 2
+        assert r["torch_threads"] == 1                        # what ran is on the row
     assert {v["variant"] for v in data["scored_on_test"]} == {"reference", "evolve", "random-library"}
     assert "model=tiny-random" in data["overrides"]
     assert data["domain_seed"] == 48 and "domain.seed=48" in data["overrides"]   # the fresh draw, not the suite's
-    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert again.returncode == 0 and "seed 0: test" not in again.stdout
     s = summarize(tmp_path / "raw")
     assert set(s["settings"]["math-learns"]["delta"]) == {"evolve-reference", "evolve-random-library"}
