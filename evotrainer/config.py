@@ -262,6 +262,9 @@ class EvolutionConfig(_Section):
     stop_below_start: bool = Field(True, description="stop when every lineage is below the untrained model (the start "
                                    "beats the best survivor by the revert's paired rule) at two selections in a row; the "
                                    "final pick is never below the start either way")
+    start_bar: Literal["both_draws", "selection"] = Field("both_draws", description=(
+        "what ranks a version below the untrained model (never the final pick, last in the elite's order): "
+        "both held-out draws pooled, or the selection draw alone (the rule before draw 53)"))
     exploit_share: float | None = Field(None, ge=0, lt=1, description="share kept for the best lineage alone: of "
                                         "budget.train_steps when set (once the next generation would pass the rest, no "
                                         "more children; the elite trains until the budget is spent), else of the "

@@ -141,7 +141,7 @@ def test_the_final_pick_breaks_a_tie_at_nothing_resolved_by_the_working_calls(tm
         VersionDir(versions.root / vid).save_meta(BranchVersion(
             vid, "m", "h", status="kept",
             metrics={"selection_accuracy": 0.0, "selection_working_calls": calls, "cost": cost}))
-    assert final_pick(versions, ["v1", "v2", "v3"], start_selection=0.0) == "v2"
+    assert final_pick(versions, ["v1", "v2", "v3"], start={"selection_accuracy": 0.0}) == "v2"
 
 
 def test_a_handed_in_patch_that_breaks_passing_tests_is_not_promoted_on_its_calls(tmp_path):

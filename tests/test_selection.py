@@ -132,9 +132,36 @@ def test_the_final_pick_is_first_in_the_elites_order_among_versions_above_the_un
         meta.metrics = {"selection_accuracy": scores[vid], "cost": 25.0}
         VersionDir(versions.root / vid).save_meta(meta)
     # a promoted lineage first, the recipe's next, whatever a refused change drew
-    assert final_pick(versions, ["v0008", "v0004", "v0009"], start_selection=0.40) == "v0009"
-    assert final_pick(versions, ["v0008", "v0004"], start_selection=0.40) == "v0004"
+    assert final_pick(versions, ["v0008", "v0004", "v0009"], start={"selection_accuracy": 0.40}) == "v0009"
+    assert final_pick(versions, ["v0008", "v0004"], start={"selection_accuracy": 0.40}) == "v0004"
     # the promoted lineage below the untrained model is passed over, not a reason to pick the start
-    assert final_pick(versions, ["v0008", "v0004", "v0010"], start_selection=0.40) == "v0004"
-    assert final_pick(versions, ["v0008", "v0004", "v0010"], start_selection=0.55) == START
-    assert final_pick(versions, ["v0008", "v0004", "v0010"], start_selection=None) == "v0010"
+    assert final_pick(versions, ["v0008", "v0004", "v0010"], start={"selection_accuracy": 0.40}) == "v0004"
+    assert final_pick(versions, ["v0008", "v0004", "v0010"], start={"selection_accuracy": 0.55}) == START
+    assert final_pick(versions, ["v0008", "v0004", "v0010"], start=None) == "v0010"
+
+
+def test_the_untrained_models_bar_pools_both_held_out_draws(tmp_path):
+    """Draw 52, math-misfit-lr, seed 0: the last version drew 0.167 on the selection draw against the
+    untrained model's 0.208, but 0.417 on the gate draw against 0.292. On both draws pooled it is above
+    the bar and is the pick; under the selection-draw rule (``start_bar: selection``) the start is."""
+    from evotrainer.loop.run_versions import RunVersions
+    from evotrainer.loop.stages.final_pick import final_pick
+    from evotrainer.loop.stages.selection import below_start
+    from evotrainer.loop.stages.start import START
+    from evotrainer.records.version import VersionDir
+
+    start = {"heldout_accuracy": 0.292, "selection_accuracy": 0.208, "both_draws_accuracy": 0.25}
+    last = {"heldout_accuracy": 0.417, "selection_accuracy": 0.167, "both_draws_accuracy": 0.292}
+    assert not below_start(last, start) and below_start(last, start, "selection")
+    assert below_start({**last, "both_draws_accuracy": 0.229}, start)
+    # a record from before the pooled score falls back to the selection draw, for both sides alike
+    assert below_start({k: v for k, v in last.items() if k != "both_draws_accuracy"}, start)
+    assert below_start(last, {k: v for k, v in start.items() if k != "both_draws_accuracy"})
+    assert not below_start({}, start) and not below_start(last, None)
+
+    versions = RunVersions(tmp_path / "versions")
+    for vid, meta in _lineage().items():
+        meta.metrics = dict(last, cost=25.0)
+        VersionDir(versions.root / vid).save_meta(meta)
+    assert final_pick(versions, ["v0004"], start) == "v0004"
+    assert final_pick(versions, ["v0004"], start, bar="selection") == START

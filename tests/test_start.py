@@ -43,9 +43,11 @@ def test_a_run_scores_the_start_and_reports_it_beside_the_pick(tmp_path):
 def test_the_pick_falls_back_to_the_start_when_every_survivor_ranks_below_it(tmp_path):
     exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=1, stop_below_start=False)))
     verify_start(exp)
-    exp.state.start["selection_accuracy"] = 1.01   # no trained version can rank above this
+    assert exp.state.start["both_draws_accuracy"] is not None   # the start's record pools both draws
+    exp.state.start["both_draws_accuracy"] = 1.01   # no trained version can reach this
     exp.save()
     state = exp.run()
+    assert all("both_draws_accuracy" in exp.vdir(v).meta().metrics for v in state.survivors)
     assert state.final["version"] == START
     assert state.final["test_accuracy"] == state.final["start_test_accuracy"]
     assert "training made the policy worse" in final_line(state.final)
@@ -59,7 +61,7 @@ def test_a_run_whose_lineages_stay_below_the_start_stops(tmp_path):
     verify_start(exp)
     for name in ("heldout", "selection"):
         _all_correct(start_dir(exp).rollouts_path(name))
-    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0)
+    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0, both_draws_accuracy=1.0)
     exp.save()
     state = exp.run()
     assert state.status == "stopped" and "regressed below the untrained model" in state.stop_reason
@@ -72,7 +74,7 @@ def test_without_stop_below_start_the_run_goes_on(tmp_path):
     verify_start(exp)
     for name in ("heldout", "selection"):
         _all_correct(start_dir(exp).rollouts_path(name))
-    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0)
+    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0, both_draws_accuracy=1.0)
     exp.save()
     state = exp.run()
     assert state.status == "finished" and state.generation == 3 and state.start["below"] == [0, 1, 2]

@@ -40,8 +40,8 @@ from evotrainer.loop.stages.proposals import ProposalInputs, evidence_for
 from evotrainer.loop.stages.revert import apply_revert, plan_reverts
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.compute.runtime import Runtime
-from evotrainer.loop.stages.selection import (Candidate, harness_evidence, rank_score, version_stuck,
-                                               survivors as select_survivors)
+from evotrainer.loop.stages.selection import (Candidate, below_start, harness_evidence, rank_score,
+                                               version_stuck, survivors as select_survivors)
 from evotrainer.loop.knowledge.skills import SkillLibrary
 from evotrainer.loop.stages.start import note_selection, verify_start
 from evotrainer.loop.tools.summary import print_summary
@@ -292,15 +292,14 @@ class Experiment:
 
     def candidates(self, vids: list[str]) -> list[Candidate]:
         out = []
-        start = self.state.start or {}
-        bar = start.get("selection_accuracy")   # the untrained model's selection-draw score, once scored
+        start, bar = self.state.start, self.cfg.evolution.start_bar   # the untrained model's record, once scored
         for v in vids:
             cell = version_cell(self, v)   # every version's descriptor is recorded, settled or not
             m = self.vdir(v).meta()
             if m.status in SETTLED:
                 # Ranked on the selection draw: the gate draw decided this version's promotion.
                 stuck = version_stuck(self.vdir(v))
-                below = bar is not None and m.metrics.get("selection_accuracy", bar) < bar
+                below = below_start(m.metrics, start, bar)
                 out.append(Candidate(v, rank_score(m.metrics), m.metrics.get("cost", 0.0), cell=cell, stuck=stuck,
                                      evidence=harness_evidence(v, self.run_versions.meta_or_none), below_start=below))
         return out

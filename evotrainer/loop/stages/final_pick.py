@@ -5,8 +5,9 @@ draw, so both draws carry the loop's choices (a best-of-many score is biased upw
 generation the survivor first in the elite's order (a moving lineage, then the gate's evidence for its
 harness, then the selection score) is verified once on the ``test`` split, which no
 gate, selection, revert or operator ever read; that is the score a run reports for what it found.
-A survivor the selection draw ranks below the untrained model is never the pick: the start is
-(``loop/stages/start.py``), and the untrained model's test score is reported beside the pick's either way.
+A survivor below the untrained model on both held-out draws pooled (``evolution.start_bar``) is never
+the pick: the start is (``loop/stages/start.py``), and the untrained model's test score is reported
+beside the pick's either way.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from evotrainer.genome.harness import Harness
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.run_versions import RunVersions
-from evotrainer.loop.stages.selection import Candidate, elite_key, harness_evidence, rank_score, version_stuck
+from evotrainer.loop.stages.selection import (Candidate, below_start, elite_key, harness_evidence, rank_score,
+                                               version_stuck)
 from evotrainer.loop.stages.start import START, scored_start, start_test
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.rollout import Rollout
@@ -33,9 +35,9 @@ if TYPE_CHECKING:
 TEST = "test"   # the version's rollout file of its test-split verification
 
 
-def final_pick(versions: RunVersions, survivors: list[str], start_selection: float | None) -> str | None:
-    """Among the survivors the selection draw ranks at or above the untrained model's
-    ``start_selection``, the first in the elite's order (``selection.elite_key``): a lineage that
+def final_pick(versions: RunVersions, survivors: list[str], start: dict | None, bar: str = "both_draws") -> str | None:
+    """Among the survivors at or above the untrained model's record ``start`` (``selection.below_start``
+    under ``bar``), the first in the elite's order (``selection.elite_key``): a lineage that
     moves before one whose report raised ``adapter_stuck``, then the harness the gate vouches for most
     (``harness_evidence``: a promoted one, then the recipe's own, then one it did not promote), then
     the best selection-draw score, the lower cost and the id. The start when no survivor reaches it;
@@ -45,8 +47,8 @@ def final_pick(versions: RunVersions, survivors: list[str], start_selection: flo
     hand the pick to the start while the recipe's own continuation stands above it."""
     metas = [versions.vdir(v).meta() for v in survivors if versions.vdir(v).path.is_dir()]
     scored = [m for m in metas if not m.is_invalid and m.metrics.get("selection_accuracy") is not None]
-    if start_selection is not None:
-        scored = [m for m in scored if m.metrics["selection_accuracy"] >= start_selection]
+    if start is not None and start.get("selection_accuracy") is not None:
+        scored = [m for m in scored if not below_start(m.metrics, start, bar)]
         if not scored:
             return START
     cands = [Candidate(m.id, rank_score(m.metrics), m.metrics.get("cost", 0.0), stuck=version_stuck(versions.vdir(m.id)),
@@ -67,7 +69,7 @@ def report_test(exp: Experiment) -> dict | None:
 def _test_report(exp: Experiment) -> tuple[dict | None, str]:
     """(the run state's ``final`` record, the line that tells it)."""
     start = exp.state.start if scored_start(exp) else None
-    vid = final_pick(exp.run_versions, exp.state.survivors, start["selection_accuracy"] if start else None)
+    vid = final_pick(exp.run_versions, exp.state.survivors, start, exp.cfg.evolution.start_bar)
     if vid is None:
         return None, "no final pick: no valid survivor with a selection score; the test split is not reported"
     tasks = exp.runtime.test_tasks
@@ -80,7 +82,7 @@ def _test_report(exp: Experiment) -> tuple[dict | None, str]:
         return ({"version": START, "test_accuracy": base_acc, "test_tasks": len(tasks), "test_rollouts": len(base),
                  "selection_accuracy": start["selection_accuracy"], "gate_heldout_accuracy": start["heldout_accuracy"],
                  "start_test_accuracy": base_acc},
-                f"final pick: the untrained model (no trained version ranks above it on the selection draw), test "
+                f"final pick: the untrained model (no trained version reaches it on {_bar_words(exp)}), test "
                 f"accuracy {base_acc:.3f} on {len(tasks)} test task(s): training made the policy worse")
     vd = exp.vdir(vid)
     rollouts = vd.rollouts(TEST)
@@ -100,6 +102,11 @@ def _test_report(exp: Experiment) -> tuple[dict | None, str]:
     return final, (f"final pick {vid}: test accuracy {final['test_accuracy']:.3f} on {len(tasks)} test task(s) "
                    f"(selection draw {final['selection_accuracy']:.3f}, gate draw {final['gate_heldout_accuracy'] or 0:.3f})"
                    + (f"; the untrained model scores {base_acc:.3f}" if base_acc is not None else ""))
+
+
+def _bar_words(exp: Experiment) -> str:
+    pooled = exp.cfg.evolution.start_bar == "both_draws" and "both_draws_accuracy" in (exp.state.start or {})
+    return "both held-out draws" if pooled else "the selection draw"
 
 
 def rollouts_on_test(runtime: Runtime, vd: VersionDir, vid: str, tasks: list[Task], sandbox: bool,

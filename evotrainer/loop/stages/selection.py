@@ -129,6 +129,25 @@ class Candidate:
         self.fitness = _Fitness((self.score, self.cost))
 
 
+START_BARS = ("both_draws", "selection")
+
+
+def below_start(metrics: dict, start: dict | None, bar: str = "both_draws") -> bool:
+    """Whether a version's held-out record ranks it below the untrained model (``start``'s record):
+    on both held-out draws pooled (``both_draws_accuracy``), or on the selection draw alone.
+
+    Why both draws by default: the bar decides whether anything trained is picked at all, and one
+    24-task draw decides it by a task or two. Draw 52's math-misfit-lr seed 0 fell back to the
+    untrained model on a 0.167 selection draw against its 0.208, though its gate draw stood at 0.417
+    against 0.292. A record from before both draws were pooled falls back to the selection draw,
+    for the version and the start alike. A version not yet scored is not below."""
+    if not start:
+        return False
+    key = ("both_draws_accuracy" if bar == "both_draws" and "both_draws_accuracy" in start
+           and "both_draws_accuracy" in metrics else "selection_accuracy")
+    return start.get(key) is not None and metrics.get(key) is not None and metrics[key] < start[key]
+
+
 def elite_key(c: Candidate) -> tuple:
     """The elite's order: a version at or above the untrained model before one below it, then a
     lineage that moves before a stuck one (a stuck lineage repeats itself under any continuation: the

@@ -68,6 +68,7 @@ def verify_start(exp: Experiment) -> dict:
     vd.save_rollouts("heldout", gate)
     vd.save_rollouts("selection", selection)
     exp.state.start = {"heldout_accuracy": heldout_accuracy(gate), "selection_accuracy": heldout_accuracy(selection),
+                       "both_draws_accuracy": heldout_accuracy(gate + selection),
                        "below": []}
     exp.say(f"the start (the untrained model): gate draw {exp.state.start['heldout_accuracy']:.3f}, "
             f"selection draw {exp.state.start['selection_accuracy']:.3f}")

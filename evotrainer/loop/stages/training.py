@@ -340,6 +340,7 @@ def _record_verification(exp: RunContext, vid: str, heldout: list, verify_second
     meta.metrics.update(
         heldout_accuracy=heldout_accuracy(heldout),          # the gate draw
         selection_accuracy=heldout_accuracy(selection),      # the selection draw: what selection ranks by
+        both_draws_accuracy=heldout_accuracy(heldout + selection),   # the untrained model's bar (evolution.start_bar)
         train_reward_mean=sum(r.reward or 0.0 for r in train) / max(1, len(train)),
         cost=sum(r.num_tokens for r in train) / max(1, len(train)),   # generated tokens per rollout
         verify_seconds=verify_seconds,
