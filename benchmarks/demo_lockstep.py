@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,11 @@ if arm == "alone":
     import evotrainer.policy.collect as collect
     for module in (executor, training, collect):
         module.shares_batches = lambda engine, domain, versions: False
+import logging
+trace = logging.getLogger("evotrainer.policy.rollout_engine.batches")   # one line per shared sampling batch
+trace.setLevel(logging.DEBUG)
+trace.addHandler(logging.FileHandler(run_dir + ".batches.log"))
+trace.propagate = False
 from evotrainer.cli.app import main
 sys.exit(main(["run", config, "--run-dir", run_dir]))
 """
@@ -59,6 +65,29 @@ def outcome(run_dir: Path) -> dict:
             "status": state.get("status"), "stop_reason": state.get("stop_reason")}
 
 
+BATCH = re.compile(r"^(batch|alone \(no KV decoder\)): (\d+) jobs, (\d+) rows, (.*), ([\d.]+) s$")
+
+
+def batches(log: Path) -> dict:
+    """The together arm's sampling calls by how many versions' jobs shared each batch, and by settings:
+    where the population's sampling did and did not share (the alone arm samples outside
+    ``generate_many`` and writes no lines)."""
+    by_jobs: dict[str, dict] = {}
+    by_settings: dict[str, dict] = {}
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        m = BATCH.match(line)
+        if not m:
+            continue
+        jobs, rows, settings, seconds = int(m[2]), int(m[3]), m[4], float(m[5])
+        key = f"{jobs} jobs" + ("" if m[1] == "batch" else " (no KV decoder)")
+        for table, k in ((by_jobs, key), (by_settings, settings)):
+            row = table.setdefault(k, {"calls": 0, "rows": 0, "seconds": 0.0})
+            row["calls"] += 1
+            row["rows"] += rows
+            row["seconds"] += seconds
+    return {"by_jobs": dict(sorted(by_jobs.items())), "by_settings": by_settings}
+
+
 def run_arm(arm: str, config: Path, run_dir: Path) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", CHILD, arm, str(config), str(run_dir)], cwd=ROOT,
@@ -66,7 +95,10 @@ def run_arm(arm: str, config: Path, run_dir: Path) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"the {arm} arm failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {"arm": arm, "wall_s": wall, **outcome(run_dir)}
+    row = {"arm": arm, "wall_s": wall, **outcome(run_dir)}
+    if arm == "together":
+        row["batches"] = batches(Path(str(run_dir) + ".batches.log"))
+    return row
 
 
 def same(a: dict, b: dict) -> dict:
@@ -87,7 +119,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--model", default=None, help="smoke runs only: another model (tiny-random)")
     ap.add_argument("--generations", type=int, default=None, help="smoke runs only: fewer generations")
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help="'together' alone: only where the shipped loop's sampling batches did and did not share")
     args = ap.parse_args()
+    if not set(args.arms.split(",")) <= set(ARMS):
+        ap.error(f"--arms takes {' and/or '.join(ARMS)}, comma-separated; got {args.arms!r}")
     cfg = yaml.safe_load(CONFIG.read_text())
     cfg["evolution"]["budget"]["wall_time_s"] = args.wall_budget
     if args.model:
@@ -99,17 +135,21 @@ def main() -> None:
     config = out / "quickstart.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     rows = {}
-    for arm in ARMS:
+    for arm in args.arms.split(","):
         print(f"{arm}: evotrainer run examples/quickstart.yaml (wall budget {args.wall_budget:g} s) ...", flush=True)
         rows[arm] = run_arm(arm, config, out / arm)
         used = rows[arm]["budget_used"]
         print(f"{arm}: {rows[arm]['wall_s']:.0f} s, {used['train_steps']} train steps, "
               f"{len(rows[arm]['versions'])} versions, final {(rows[arm]['final'] or {}).get('version')}", flush=True)
-    ratio = rows["alone"]["wall_s"] / rows["together"]["wall_s"]
-    agree = same(rows["together"], rows["alone"])
-    print(f"make demo: {rows['together']['wall_s']:.0f} s in one batch, {rows['alone']['wall_s']:.0f} s one version "
-          f"at a time: {ratio:.2f}x; the runs agree on {', '.join(k for k, v in agree.items() if v) or 'nothing'}"
-          + (f", differ in {', '.join(k for k, v in agree.items() if not v)}" if not all(agree.values()) else ""))
+    for key, b in rows.get("together", {}).get("batches", {}).get("by_jobs", {}).items():
+        print(f"together, batches of {key}: {b['calls']} calls, {b['rows']} rows, {b['seconds']:.0f} s", flush=True)
+    ratio = agree = None
+    if "alone" in rows and "together" in rows:
+        ratio = rows["alone"]["wall_s"] / rows["together"]["wall_s"]
+        agree = same(rows["together"], rows["alone"])
+        print(f"make demo: {rows['together']['wall_s']:.0f} s in one batch, {rows['alone']['wall_s']:.0f} s one "
+              f"version at a time: {ratio:.2f}x; the runs agree on {', '.join(k for k, v in agree.items() if v) or 'nothing'}"
+              + (f", differ in {', '.join(k for k, v in agree.items() if not v)}" if not all(agree.values()) else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "config": "examples/quickstart.yaml", "wall_budget_s": args.wall_budget, "model": cfg["model"],

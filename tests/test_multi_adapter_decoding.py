@@ -63,15 +63,43 @@ def test_every_job_samples_what_it_samples_alone(policy, temperature):
 
 
 def test_jobs_that_sample_differently_are_decoded_apart(policy):
+    """A temperature above 0 is per row (a temperature child shares its siblings' batch); greedy rows, a
+    completion cap or a top-p of their own decode apart."""
     eng = TransformersEngine(policy, decoder="kv")
     calls = []
     original = eng._sample_kv
     eng._sample_kv = lambda reqs: calls.append(len(reqs)) or original(reqs)
     hot = SamplingParams(temperature=1.0, max_new_tokens=6, seed=0)
-    cold = SamplingParams(temperature=0.5, max_new_tokens=6, seed=0)
-    out = eng.generate_many([(PROMPTS[:2], hot, "b1"), (PROMPTS[:2], cold, "b2"), (PROMPTS[:2], hot, "b3"), ([], hot, "b1")])
-    assert sorted(calls) == [1, 2] and [len(o) for o in out] == [2, 2, 2, 0]
-    assert [c.completion_ids for c in out[1]] == [c.completion_ids for c in eng.generate(PROMPTS[:2], cold, "b2")]
+    cool = SamplingParams(temperature=0.5, max_new_tokens=6, seed=0)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6, seed=0)
+    capped = SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
+    out = eng.generate_many([(PROMPTS[:2], hot, "b1"), (PROMPTS[:2], cool, "b2"), (PROMPTS[:2], hot, "b3"),
+                             ([], hot, "b1"), (PROMPTS[:2], greedy, "b2"), (PROMPTS[:2], capped, "b3")])
+    assert sorted(calls) == [1, 1, 3] and [len(o) for o in out] == [2, 2, 2, 0, 2, 2]
+    for job, params, adapter in ((1, cool, "b2"), (4, greedy, "b2"), (5, capped, "b3")):
+        alone = eng.generate(PROMPTS[:2], params, adapter)
+        assert [c.completion_ids for c in out[job]] == [c.completion_ids for c in alone]
+        for g, a in zip(out[job], alone):
+            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-4)
+
+
+def test_rows_of_several_temperatures_sample_what_each_samples_alone(policy):
+    """Per-row temperatures in one batch: each job gets the tokens and log-probs it gets alone, and a
+    cooler temperature really sharpens the recorded distribution."""
+    eng = TransformersEngine(policy, decoder="kv", batch_size=4)
+    jobs = [(PROMPTS, SamplingParams(temperature=t, max_new_tokens=8, seed=s), a)
+            for t, s, a in ((1.0, 1, "b1"), (0.3, 2, "b2"), (1.7, 1, None))]
+    together = eng.generate_many(jobs)
+    for (prompts, params, adapter), got in zip(jobs, together):
+        alone = eng.generate(prompts, params, adapter)
+        assert [c.completion_ids for c in got] == [c.completion_ids for c in alone], params.temperature
+        for g, a in zip(got, alone):
+            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-4)
+    mean_logp = [sum(sum(c.logprobs) / len(c.logprobs) for c in got) / len(got) for got in together]
+    assert mean_logp[1] > mean_logp[2]      # temperature 0.3's samples are likelier than 1.7's
+    with pytest.raises(ValueError, match="all > 0 or all 0"):
+        eng._kv.sample_rows([[1, 2], [1, 3]], [None, None], seeds=[(2, 0)], max_new_tokens=2,
+                            temperature=[0.0, 1.0], top_k=0, top_p=1.0, eos=set(), pad=0)
 
 
 def test_the_transformers_engine_shares_batches_for_single_turn_domains(policy):
@@ -153,3 +181,31 @@ def test_several_branches_continue_their_own_rows_at_the_next_call(policy):
         assert [c.completion_ids for c in a] == [c.completion_ids for c in b]
         for x, y in zip(a, b):
             assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+
+
+def test_each_shared_batch_is_logged_with_its_jobs_rows_and_settings(policy, caplog, tmp_path):
+    """The trace that says why a population's sampling shares batches or not, and the demo benchmark's
+    reading of it (benchmarks/demo_lockstep.py)."""
+    import importlib.util
+    import logging
+    from pathlib import Path
+
+    eng = TransformersEngine(policy, decoder="kv")
+    hot = SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
+    cool = SamplingParams(temperature=0.5, max_new_tokens=4, seed=0)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4, seed=0)
+    with caplog.at_level(logging.DEBUG, logger="evotrainer.policy.rollout_engine.batches"):
+        eng.generate_many([(PROMPTS[:2], hot, "b1"), (PROMPTS[:3], greedy, "b2"), (PROMPTS[:2], cool, "b3")])
+    lines = [r.getMessage() for r in caplog.records if r.name.endswith(".batches")]
+    assert len(lines) == 2
+    assert lines[0].startswith("batch: 2 jobs, 4 rows, temperature=1/0.5 ")
+    assert lines[1].startswith("batch: 1 jobs, 3 rows, temperature=0 ")
+    log = tmp_path / "together.batches.log"
+    log.write_text("\n".join(lines + ["an unrelated line"]) + "\n")
+    spec = importlib.util.spec_from_file_location("demo_lockstep", Path(__file__).parents[1] / "benchmarks" / "demo_lockstep.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    got = demo.batches(log)
+    assert {k: (v["calls"], v["rows"]) for k, v in got["by_jobs"].items()} == {"1 jobs": (1, 3), "2 jobs": (1, 4)}
+    assert len(got["by_settings"]) == 2 and all(v["seconds"] > 0 for v in got["by_jobs"].values())
+    assert demo.batches(tmp_path / "missing.log") == {"by_jobs": {}, "by_settings": {}}

@@ -105,12 +105,15 @@ class KVSampler:
 
     @torch.inference_mode()
     def sample_rows(self, prompts: list[list[int]], adapters: list[str | None], *, seeds: list[tuple[int, int]],
-                    max_new_tokens: int, temperature: float, top_k: int, top_p: float, eos: set[int], pad: int,
-                    stop_check=None, guide=None) -> list[Sampled]:
+                    max_new_tokens: int, temperature: float | list[float], top_k: int, top_p: float, eos: set[int],
+                    pad: int, stop_check=None, guide=None) -> list[Sampled]:
         """``prompts[i]`` continued under ``adapters[i]``: several branches' rows decode in one batch
         (one base matmul per projection, each branch's LoRA paths on its own rows). ``seeds``: (rows,
         seed) segments in row order; each draws its uniforms from its own generator, so a segment
         samples the tokens it would sample alone (up to float summation order in the larger batch).
+        ``temperature``: one for every row, or one per row (all > 0, or all 0: greedy); a population's
+        temperature child then shares its siblings' batch (each row's scores divided by its own, as
+        ``TemperatureLogitsWarper`` divides them).
         ``stop_check(ids) -> bool``: whether a row's tokens so far contain a stop string.
         ``guide``: a :class:`~evotrainer.policy.guided_decoding.GuidedRows` over the output rows; a
         guided row draws from its grammar's tokens and records the unguided log-probability."""
@@ -128,9 +131,16 @@ class KVSampler:
             cache, logits, lora = self._prefill_branches(prompts, adapters, names, keys, max_new_tokens)
         B = len(prompts)
         gens = [(n, torch.Generator(device=dev).manual_seed(seed)) for n, seed in seeds]
+        temps = [float(t) for t in temperature] if isinstance(temperature, list) else [float(temperature)] * B
+        if len(temps) != B or (any(t > 0 for t in temps) and not all(t > 0 for t in temps)):
+            raise ValueError(f"{len(temps)} temperatures for {B} rows: give one, or one per row, all > 0 or all 0")
+        temperature = temps[0]
+        per_row = torch.tensor(temps, device=dev)[:, None] if len(set(temps)) > 1 else None
         warpers = []
         if temperature > 0:
-            if temperature != 1.0:
+            if per_row is not None:   # indexed by the live rows: finished rows leave the batch
+                warpers.append(lambda _, s: s / per_row[rows])
+            elif temperature != 1.0:
                 warpers.append(TemperatureLogitsWarper(float(temperature)))
             if top_k:
                 warpers.append(TopKLogitsWarper(top_k))

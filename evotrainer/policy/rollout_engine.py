@@ -19,6 +19,7 @@ from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogit
 
 Messages = list[dict[str, str]]
 log = logging.getLogger(__name__)
+batch_log = logging.getLogger(__name__ + ".batches")   # DEBUG: one line per population sampling batch
 DECODERS = ("auto", "kv", "generate")
 
 
@@ -49,6 +50,15 @@ class Completion:
     stop_reason: str                   # "eos" | "stop_string" | "length"
     gen_seconds: float = 0.0
     meta: dict = field(default_factory=dict)
+
+
+def _settings(params: SamplingParams, temperatures: Sequence[float] = ()) -> str:
+    """The sampling settings that decide whether two jobs share a batch (all but the seed and a
+    temperature above 0: ``temperatures``, each job's)."""
+    temperature = "/".join(f"{t:g}" for t in dict.fromkeys(temperatures or [params.temperature]))
+    return (f"temperature={temperature} top_p={params.top_p} top_k={params.top_k} "
+            f"max_new_tokens={params.max_new_tokens} stop={len(params.stop)} guided={params.guided_call_share}/"
+            f"{params.guided_plan_share}")
 
 
 def chat_ids(tokenizer, prompts: Sequence[Messages]) -> list[list[int]]:
@@ -224,10 +234,11 @@ class TransformersEngine:
 
     def _sample_kv(self, requests: list[tuple[list[list[int]], SamplingParams, str | None, list[str | None]]]
                    ) -> list[list[Completion]]:
-        """(sequences, params, adapter, grammars) requests that differ at most in seed and adapter, on the
-        KV sampler. Each request is cut into ``batch_size`` chunks seeded by (seed, chunk start), as
-        ``generate`` is; a call samples the i-th chunk of every request together, each chunk's rows
-        under its own adapter with its own generator."""
+        """(sequences, params, adapter, grammars) requests that differ at most in seed, adapter and a
+        temperature above 0, on the KV sampler (each row under its own request's temperature). Each
+        request is cut into ``batch_size`` chunks seeded by (seed, chunk start), as ``generate`` is; a
+        call samples the i-th chunk of every request together, each chunk's rows under its own adapter
+        with its own generator."""
         tok, params = self.tokenizer, requests[0][1]
         eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set(tok.eos_token_id or [])
         stop_check = None
@@ -240,18 +251,19 @@ class TransformersEngine:
         out: list[list[Completion]] = [[] for _ in requests]
         waves = max(len(enc) for enc, _, _, _ in requests)
         for start in range(0, waves, self.batch_size):
-            batch, adapters, seeds, grammars, owners = [], [], [], [], []
+            batch, adapters, seeds, grammars, owners, temps = [], [], [], [], [], []
             for r, (enc, p, adapter, gr) in enumerate(requests):
                 chunk = enc[start:start + self.batch_size]
                 if chunk:
                     batch += chunk
                     adapters += [adapter] * len(chunk)
+                    temps += [p.temperature] * len(chunk)
                     seeds.append((len(chunk), p.seed * 1_000_003 + start))
                     grammars += gr[start:start + self.batch_size]
                     owners += [r] * len(chunk)
             t0 = time.perf_counter()
             sampled = self._kv.sample_rows(
-                batch, adapters, seeds=seeds, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                batch, adapters, seeds=seeds, max_new_tokens=params.max_new_tokens, temperature=temps,
                 top_k=params.top_k, top_p=params.top_p, eos=eos, pad=tok.pad_token_id, stop_check=stop_check,
                 guide=self._guide(grammars))
             seconds = (time.perf_counter() - t0) / len(batch)
@@ -274,10 +286,13 @@ class TransformersEngine:
         out: list[list[Completion]] = [[] for _ in jobs]
         alike: dict[tuple, list[int]] = {}
         for j, (encoded, params, adapter, grammars) in enumerate(jobs):
-            if encoded and self._kv_sampler(adapter) is not None:
-                alike.setdefault(replace(params, seed=0), []).append(j)
+            if encoded and self._kv_sampler(adapter) is not None:   # a sampled temperature is per row
+                alike.setdefault(replace(params, seed=0, temperature=float(params.temperature > 0)), []).append(j)
             elif encoded:
+                t0 = time.perf_counter()
                 out[j] = self.generate_ids(encoded, params, adapter, grammars=grammars)
+                batch_log.debug("alone (no KV decoder): 1 jobs, %d rows, %s, %.3f s", len(encoded),
+                                _settings(params), time.perf_counter() - t0)
         for members in alike.values():
             requests = []
             for j in members:
@@ -286,8 +301,13 @@ class TransformersEngine:
                 if len(grammars) != len(encoded):
                     raise ValueError(f"{len(grammars)} grammars for {len(encoded)} sequences; give one per sequence")
                 requests.append(([list(e) for e in encoded], params, adapter, grammars))
+            t0 = time.perf_counter()
             for j, completions in zip(members, self._sample_kv(requests)):
                 out[j] = completions
+            # Which jobs shared a batch and what it cost: why a population's sampling does or does
+            # not get faster than one version at a time (benchmarks/demo_lockstep.py --batches).
+            batch_log.debug("batch: %d jobs, %d rows, %s, %.3f s", len(members), sum(len(r[0]) for r in requests),
+                            _settings(requests[0][1], [r[1].temperature for r in requests]), time.perf_counter() - t0)
         return out
 
     def _generate_batch(self, model, prompt_ids: list[list[int]], params: SamplingParams,
