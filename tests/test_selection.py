@@ -165,3 +165,41 @@ def test_the_untrained_models_bar_pools_both_held_out_draws(tmp_path):
         VersionDir(versions.root / vid).save_meta(meta)
     assert final_pick(versions, ["v0004"], start) == "v0004"
     assert final_pick(versions, ["v0004"], start, bar="selection") == START
+
+
+def test_the_offline_bar_check_finds_the_runs_whose_pick_the_pooled_bar_changes(tmp_path):
+    """benchmarks/start_bar_flips.py on a finished run written as draw 52's misfit seed 0 held it: the
+    last version below the start on the selection draw, above it on both draws. Held-out files only."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from evotrainer.records.version import VersionDir
+
+    script = Path(__file__).parents[1] / "benchmarks" / "start_bar_flips.py"
+    spec = importlib.util.spec_from_file_location("start_bar_flips", script)
+    flips = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flips)
+
+    def draws(folder, gate, selection):
+        (folder / "rollouts").mkdir(parents=True)
+        (folder / "rollouts" / "heldout.jsonl").write_text("{}\n" * gate)
+        (folder / "rollouts" / "selection.jsonl").write_text("{}\n" * selection)
+
+    run = tmp_path / "evolve-s0"
+    metas = _lineage()
+    for vid in ("v0000", "v0001", "v0004"):
+        meta = metas[vid]
+        meta.metrics = {"heldout_accuracy": 0.417, "selection_accuracy": 0.167, "cost": 25.0}
+        VersionDir(run / "versions" / vid).save_meta(meta)
+        draws(run / "versions" / vid, 24, 24)
+    draws(run / "start", 24, 24)
+    state = {"status": "finished", "survivors": ["v0004"], "final": {"version": "start"},
+             "start": {"heldout_accuracy": 0.292, "selection_accuracy": 0.208}}
+    (run / "state.json").write_text(json.dumps(state))
+    got = flips.picks(run)
+    assert (got["recorded"], got["selection"], got["both_draws"]) == ("start", "start", "v0004")
+    assert abs(got["start"]["both_draws_accuracy"] - 0.25) < 1e-9
+    state["status"] = "running"
+    (run / "state.json").write_text(json.dumps(state))
+    assert flips.picks(run) is None      # an unfinished run is not judged
