@@ -73,10 +73,12 @@ def test_jobs_that_sample_differently_are_decoded_apart(policy):
     cool = SamplingParams(temperature=0.5, max_new_tokens=6, seed=0)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6, seed=0)
     capped = SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
+    nucleus = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=6, seed=0)
     out = eng.generate_many([(PROMPTS[:2], hot, "b1"), (PROMPTS[:2], cool, "b2"), (PROMPTS[:2], hot, "b3"),
-                             ([], hot, "b1"), (PROMPTS[:2], greedy, "b2"), (PROMPTS[:2], capped, "b3")])
-    assert sorted(calls) == [1, 1, 3] and [len(o) for o in out] == [2, 2, 2, 0, 2, 2]
-    for job, params, adapter in ((1, cool, "b2"), (4, greedy, "b2"), (5, capped, "b3")):
+                             ([], hot, "b1"), (PROMPTS[:2], greedy, "b2"), (PROMPTS[:2], capped, "b3"),
+                             (PROMPTS[:2], nucleus, "b1")])
+    assert sorted(calls) == [1, 1, 1, 3] and [len(o) for o in out] == [2, 2, 2, 0, 2, 2, 2]
+    for job, params, adapter in ((1, cool, "b2"), (4, greedy, "b2"), (5, capped, "b3"), (6, nucleus, "b1")):
         alone = eng.generate(PROMPTS[:2], params, adapter)
         assert [c.completion_ids for c in out[job]] == [c.completion_ids for c in alone]
         for g, a in zip(out[job], alone):
@@ -137,23 +139,26 @@ def test_a_run_is_the_same_whether_its_versions_share_batches(tmp_path, monkeypa
     assert batched == alone
 
 
-def test_rows_leaving_early_and_jobs_of_other_sizes_keep_their_own_tokens(policy):
+@pytest.mark.parametrize("temperatures", [(1.0, 1.0, 1.0), (1.0, 0.5, 1.7)])
+def test_rows_leaving_early_and_jobs_of_other_sizes_keep_their_own_tokens(policy, temperatures):
     """Many stop tokens, so rows finish at very different steps and the batch shrinks (RowLora.select),
-    and jobs of 1, 3 and 6 prompts, so later chunks hold some jobs' rows only."""
+    and jobs of 1, 3 and 6 prompts, so later chunks hold some jobs' rows only; each job at one
+    temperature, or each at its own (per-row temperatures must follow the rows that stay)."""
     eng = TransformersEngine(policy, decoder="kv", batch_size=4)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
     ids = chat_ids(policy.tokenizer, PROMPTS)
     jobs = [(ids[:1], "b1", 4), (ids[:3], None, 5), (ids, "b3", 6)]
-    kw = dict(max_new_tokens=12, temperature=1.0, top_k=0, top_p=1.0, eos=set(range(0, vocab, 7)), pad=0)
+    kw = dict(max_new_tokens=12, top_k=0, top_p=1.0, eos=set(range(0, vocab, 7)), pad=0)
     rows = [p for p, _, _ in jobs for p in p]
     eng._kv_sampler("b1")
+    per_row = [t for (j, _, _), t in zip(jobs, temperatures) for _ in j]
     together = eng._kv.sample_rows([p for j, _, _ in jobs for p in j], [a for j, a, _ in jobs for _ in j],
-                                   seeds=[(len(j), s) for j, _, s in jobs], **kw)
+                                   seeds=[(len(j), s) for j, _, s in jobs], temperature=per_row, **kw)
     lengths = {len(s.ids) for s in together}
     assert len(lengths) > 2 and min(lengths) < 6, "rows should finish at different steps"
     at = 0
-    for prompts, adapter, seed in jobs:
-        alone = eng._kv.sample(prompts, adapter, seed=seed, **kw)
+    for (prompts, adapter, seed), temperature in zip(jobs, temperatures):
+        alone = eng._kv.sample(prompts, adapter, seed=seed, temperature=temperature, **kw)
         for a, t in zip(alone, together[at:at + len(prompts)]):
             assert a.ids == t.ids and torch.allclose(torch.tensor(a.logprobs), torch.tensor(t.logprobs), atol=1e-4)
         at += len(prompts)
@@ -207,5 +212,5 @@ def test_each_shared_batch_is_logged_with_its_jobs_rows_and_settings(policy, cap
     spec.loader.exec_module(demo)
     got = demo.batches(log)
     assert {k: (v["calls"], v["rows"]) for k, v in got["by_jobs"].items()} == {"1 jobs": (1, 3), "2 jobs": (1, 4)}
-    assert len(got["by_settings"]) == 2 and all(v["seconds"] > 0 for v in got["by_jobs"].values())
+    assert len(got["by_settings"]) == 2 and all(v["seconds"] >= 0 for v in got["by_jobs"].values())
     assert demo.batches(tmp_path / "missing.log") == {"by_jobs": {}, "by_settings": {}}

@@ -1,5 +1,7 @@
 """Selection (DEAP): survivors and parents on hand-built candidates, so each rule is seen alone."""
 
+import pytest
+
 from evotrainer.loop.stages.selection import Candidate, parents, survivors
 
 
@@ -158,6 +160,8 @@ def test_the_untrained_models_bar_pools_both_held_out_draws(tmp_path):
     assert below_start({k: v for k, v in last.items() if k != "both_draws_accuracy"}, start)
     assert below_start(last, {k: v for k, v in start.items() if k != "both_draws_accuracy"})
     assert not below_start({}, start) and not below_start(last, None)
+    with pytest.raises(ValueError, match="start_bar 'both'"):
+        below_start(last, start, "both")
 
     versions = RunVersions(tmp_path / "versions")
     for vid, meta in _lineage().items():

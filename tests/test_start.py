@@ -78,3 +78,25 @@ def test_without_stop_below_start_the_run_goes_on(tmp_path):
     exp.save()
     state = exp.run()
     assert state.status == "finished" and state.generation == 3 and state.start["below"] == [0, 1, 2]
+
+
+def test_the_stop_rule_agrees_with_the_bar_the_final_pick_applies(tmp_path):
+    """A lineage that the start beats on the selection draw and the paired gate-draw rule, yet that
+    reaches the start on both draws pooled, is what the final pick would take: it has not regressed."""
+    from evotrainer.loop.stages.start import regressed_below_start
+
+    exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=1, stop_below_start=False)))
+    verify_start(exp)
+    for name in ("heldout", "selection"):
+        _all_correct(start_dir(exp).rollouts_path(name))
+    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0, both_draws_accuracy=1.0)
+    exp.save()
+    state = exp.run()
+    assert regressed_below_start(exp, state.survivors) is not None       # below on every draw
+    for vid in state.survivors:     # as if the lineage drew well on the gate draw: pooled at the bar
+        meta = exp.vdir(vid).meta()
+        meta.metrics["both_draws_accuracy"] = 1.0
+        exp.vdir(vid).save_meta(meta)
+    assert regressed_below_start(exp, state.survivors) is None
+    exp.cfg.evolution.start_bar = "selection"      # the rule before draw 53: the selection draw alone
+    assert regressed_below_start(exp, state.survivors) is not None

@@ -29,6 +29,7 @@ engine cuts each completion exactly as it cuts ``generate``'s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -105,7 +106,7 @@ class KVSampler:
 
     @torch.inference_mode()
     def sample_rows(self, prompts: list[list[int]], adapters: list[str | None], *, seeds: list[tuple[int, int]],
-                    max_new_tokens: int, temperature: float | list[float], top_k: int, top_p: float, eos: set[int],
+                    max_new_tokens: int, temperature: float | Sequence[float], top_k: int, top_p: float, eos: set[int],
                     pad: int, stop_check=None, guide=None) -> list[Sampled]:
         """``prompts[i]`` continued under ``adapters[i]``: several branches' rows decode in one batch
         (one base matmul per projection, each branch's LoRA paths on its own rows). ``seeds``: (rows,
@@ -113,7 +114,7 @@ class KVSampler:
         samples the tokens it would sample alone (up to float summation order in the larger batch).
         ``temperature``: one for every row, or one per row (all > 0, or all 0: greedy); a population's
         temperature child then shares its siblings' batch (each row's scores divided by its own, as
-        ``TemperatureLogitsWarper`` divides them).
+        ``TemperatureLogitsWarper`` divides them: the same tokens up to float rounding).
         ``stop_check(ids) -> bool``: whether a row's tokens so far contain a stop string.
         ``guide``: a :class:`~evotrainer.policy.guided_decoding.GuidedRows` over the output rows; a
         guided row draws from its grammar's tokens and records the unguided log-probability."""
@@ -131,7 +132,7 @@ class KVSampler:
             cache, logits, lora = self._prefill_branches(prompts, adapters, names, keys, max_new_tokens)
         B = len(prompts)
         gens = [(n, torch.Generator(device=dev).manual_seed(seed)) for n, seed in seeds]
-        temps = [float(t) for t in temperature] if isinstance(temperature, list) else [float(temperature)] * B
+        temps = [float(t) for t in temperature] if isinstance(temperature, Sequence) else [float(temperature)] * B
         if len(temps) != B or (any(t > 0 for t in temps) and not all(t > 0 for t in temps)):
             raise ValueError(f"{len(temps)} temperatures for {B} rows: give one, or one per row, all > 0 or all 0")
         temperature = temps[0]

@@ -305,7 +305,7 @@ class TransformersEngine:
             for j, completions in zip(members, self._sample_kv(requests)):
                 out[j] = completions
             # Which jobs shared a batch and what it cost: why a population's sampling does or does
-            # not get faster than one version at a time (benchmarks/demo_lockstep.py --batches).
+            # not get faster than one version at a time (benchmarks/demo_lockstep.py --arms together).
             batch_log.debug("batch: %d jobs, %d rows, %s, %.3f s", len(members), sum(len(r[0]) for r in requests),
                             _settings(requests[0][1], [r[1].temperature for r in requests]), time.perf_counter() - t0)
         return out

@@ -70,6 +70,10 @@ def _test_report(exp: Experiment) -> tuple[dict | None, str]:
     """(the run state's ``final`` record, the line that tells it)."""
     start = exp.state.start if scored_start(exp) else None
     vid = final_pick(exp.run_versions, exp.state.survivors, start, exp.cfg.evolution.start_bar)
+    bar = _bar_words(exp)
+    if start and exp.cfg.evolution.start_bar == "both_draws" and bar != "both held-out draws":
+        exp.say("the untrained model's bar is the selection draw alone in this run: its start was scored before "
+                "both draws were pooled (evolution.start_bar)")
     if vid is None:
         return None, "no final pick: no valid survivor with a selection score; the test split is not reported"
     tasks = exp.runtime.test_tasks
@@ -81,8 +85,8 @@ def _test_report(exp: Experiment) -> tuple[dict | None, str]:
     if vid == START:
         return ({"version": START, "test_accuracy": base_acc, "test_tasks": len(tasks), "test_rollouts": len(base),
                  "selection_accuracy": start["selection_accuracy"], "gate_heldout_accuracy": start["heldout_accuracy"],
-                 "start_test_accuracy": base_acc},
-                f"final pick: the untrained model (no trained version reaches it on {_bar_words(exp)}), test "
+                 "start_test_accuracy": base_acc, "bar": bar},
+                f"final pick: the untrained model (no trained version reaches it on {bar}), test "
                 f"accuracy {base_acc:.3f} on {len(tasks)} test task(s): training made the policy worse")
     vd = exp.vdir(vid)
     rollouts = vd.rollouts(TEST)
@@ -97,7 +101,7 @@ def _test_report(exp: Experiment) -> tuple[dict | None, str]:
     meta.metrics["test_accuracy"] = heldout_accuracy(rollouts)
     vd.save_meta(meta)
     final = {"version": vid, "test_accuracy": meta.metrics["test_accuracy"], "test_tasks": len(tasks),
-             "test_rollouts": len(rollouts), "selection_accuracy": meta.metrics.get("selection_accuracy"),
+             "test_rollouts": len(rollouts), "selection_accuracy": meta.metrics.get("selection_accuracy"), "bar": bar,
              "gate_heldout_accuracy": meta.metrics.get("heldout_accuracy"), "start_test_accuracy": base_acc}
     return final, (f"final pick {vid}: test accuracy {final['test_accuracy']:.3f} on {len(tasks)} test task(s) "
                    f"(selection draw {final['selection_accuracy']:.3f}, gate draw {final['gate_heldout_accuracy'] or 0:.3f})"

@@ -121,8 +121,8 @@ class Candidate:
     # What the gate says of its harness (:func:`harness_evidence`): the elite is a version of a
     # promoted harness, then of the recipe's own, then of a harness the gate did not promote.
     evidence: int = 1
-    # The selection draw ranks it below the untrained model: whatever the gate said of its harness, it
-    # is no elite while a version above that bar stands (the final pick never picks it either).
+    # Below the untrained model's bar (below_start: both held-out draws pooled by default): whatever the
+    # gate said of its harness, it is no elite while a version above that bar stands (nor the final pick).
     below_start: bool = False
 
     def __post_init__(self) -> None:
@@ -141,6 +141,8 @@ def below_start(metrics: dict, start: dict | None, bar: str = "both_draws") -> b
     untrained model on a 0.167 selection draw against its 0.208, though its gate draw stood at 0.417
     against 0.292. A record from before both draws were pooled falls back to the selection draw,
     for the version and the start alike. A version not yet scored is not below."""
+    if bar not in START_BARS:
+        raise ValueError(f"start_bar {bar!r}: use one of {', '.join(START_BARS)}")
     if not start:
         return False
     key = ("both_draws_accuracy" if bar == "both_draws" and "both_draws_accuracy" in start

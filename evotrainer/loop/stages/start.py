@@ -6,13 +6,14 @@ every version is (both draws, the seed harness's prompt, the same decoding) and 
 ``<run>/start/``; at the end it is verified on the test split beside the final pick. Two things read
 it:
 
-- **selection**: when the start beats the best survivor by the rule a revert uses (it ranks higher on
-  the selection draw, and the paired bootstrap on the gate draw says so at the gate's level), every
-  lineage has regressed below the start. Once that holds at two selections in a row, and
+- **selection**: when no survivor reaches the start's bar (``evolution.start_bar``: both held-out
+  draws pooled by default) and the start beats the best survivor by the rule a revert uses (it ranks
+  higher on the selection draw, and the paired bootstrap on the gate draw says so at the gate's
+  level), every lineage has regressed below the start. Once that holds at two selections in a row, and
   ``evolution.stop_below_start`` is on, the run stops: more of the same training would go on
   degrading the policy, and the final pick falls back to the start.
-- **the final pick**: never a version the selection draw ranks below the start; the start is the pick
-  then, and the summary says plainly that training made the policy worse.
+- **the final pick**: never a version below the start's bar; the start is the pick then, and the
+  summary says plainly that training made the policy worse.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from evotrainer.genome.errors import GenomeError
 from evotrainer.genome.harness import Harness
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.stages.revert import Side, choose_revert
+from evotrainer.loop.stages.selection import below_start
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.scores import heldout_accuracy
 from evotrainer.records.version import VersionDir
@@ -80,7 +82,11 @@ def regressed_below_start(exp: Experiment, survivors: list[str]) -> str | None:
     """The reason, when the start beats the best of ``survivors`` (selection draw to choose, paired
     gate-draw test at the gate's level to confirm); else None."""
     start = exp.state.start
-    scored = [(exp.vdir(v).meta().metrics.get("selection_accuracy"), v) for v in survivors]
+    metrics = {v: exp.vdir(v).meta().metrics for v in survivors}
+    if any(not below_start(m, start, exp.cfg.evolution.start_bar) for m in metrics.values()
+           if m.get("selection_accuracy") is not None):
+        return None    # a survivor at or above the bar: the final pick would take it, so no lineage regressed
+    scored = [(metrics[v].get("selection_accuracy"), v) for v in survivors]
     scored = [(s, v) for s, v in scored if s is not None]
     if not scored_start(exp) or not scored:
         return None

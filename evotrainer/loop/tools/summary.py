@@ -49,7 +49,7 @@ def final_line(final: dict | None) -> str | None:
     if final["version"] == "start":
         return (f"final pick: the untrained model, test accuracy {final['test_accuracy']:.3f} on {final['test_tasks']} "
                 "test task(s): training made the policy worse (no trained version reached the untrained model "
-                "on the held-out draws)")
+                f"on {final.get('bar', 'the selection draw')})")
     line = (f"final pick {final['version']}: test accuracy {final['test_accuracy']:.3f} on {final['test_tasks']} "
             f"test task(s), never seen by the loop (selection draw {_fmt(final.get('selection_accuracy'))}, "
             f"gate draw {_fmt(final.get('gate_heldout_accuracy'))})")
