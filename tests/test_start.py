@@ -26,6 +26,15 @@ def _all_correct(path):
     path.write_text("".join(json.dumps(Rollout.from_dict(r).to_dict()) + "\n" for r in rows))
 
 
+def _start_answers_everything(exp):
+    """The untrained model's held-out record rewritten as if it had answered every task right."""
+    verify_start(exp)
+    for name in ("heldout", "selection"):
+        _all_correct(start_dir(exp).rollouts_path(name))
+    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0, both_draws_accuracy=1.0)
+    exp.save()
+
+
 def test_a_run_scores_the_start_and_reports_it_beside_the_pick(tmp_path):
     exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=2)))
     state = exp.run()
@@ -58,11 +67,7 @@ def test_a_run_whose_lineages_stay_below_the_start_stops(tmp_path):
     """The untrained model made to answer every held-out task right (the tiny model answers none):
     the start beats the best survivor at every selection, and the run stops after the second."""
     exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=5)))
-    verify_start(exp)
-    for name in ("heldout", "selection"):
-        _all_correct(start_dir(exp).rollouts_path(name))
-    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0, both_draws_accuracy=1.0)
-    exp.save()
+    _start_answers_everything(exp)
     state = exp.run()
     assert state.status == "stopped" and "regressed below the untrained model" in state.stop_reason
     assert state.generation == 1 and state.start["below"] == [0, 1]   # stopped after gen 1's selection
@@ -71,11 +76,7 @@ def test_a_run_whose_lineages_stay_below_the_start_stops(tmp_path):
 
 def test_without_stop_below_start_the_run_goes_on(tmp_path):
     exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=3, stop_below_start=False)))
-    verify_start(exp)
-    for name in ("heldout", "selection"):
-        _all_correct(start_dir(exp).rollouts_path(name))
-    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0, both_draws_accuracy=1.0)
-    exp.save()
+    _start_answers_everything(exp)
     state = exp.run()
     assert state.status == "finished" and state.generation == 3 and state.start["below"] == [0, 1, 2]
 
@@ -86,11 +87,7 @@ def test_the_stop_rule_agrees_with_the_bar_the_final_pick_applies(tmp_path):
     from evotrainer.loop.stages.start import regressed_below_start
 
     exp = Experiment(parse_config(tiny_cfg(tmp_path / "run", generations=1, stop_below_start=False)))
-    verify_start(exp)
-    for name in ("heldout", "selection"):
-        _all_correct(start_dir(exp).rollouts_path(name))
-    exp.state.start.update(heldout_accuracy=1.0, selection_accuracy=1.0, both_draws_accuracy=1.0)
-    exp.save()
+    _start_answers_everything(exp)
     state = exp.run()
     assert regressed_below_start(exp, state.survivors) is not None       # below on every draw
     for vid in state.survivors:     # as if the lineage drew well on the gate draw: pooled at the bar
