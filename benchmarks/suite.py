@@ -162,6 +162,20 @@ def locked(name: str, opts: Options = Options()):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def claim_run(run_dir: Path):
+    """The writer's lock of one run's directory, or None (said) when another suite process is training
+    that run: two processes whose seed lists overlap then split the runs between them, each training
+    what the other has not claimed, where the second used to stop on the first's run directory."""
+    from evotrainer.records.run_dir import RunDirError, acquire
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return acquire(run_dir, "benchmarks/suite.py run")
+    except RunDirError as err:
+        print(f"skipped here: {err}; its process adds the row", flush=True)
+        return None
+
+
 class SplitError(ValueError):
     """A setting whose test split repeats tasks: it is not run."""
 
@@ -230,10 +244,16 @@ def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path, 
                     print(f"not run: {err}", flush=True)
                     continue
                 save(name, data, opts)
-        started = time.time()
-        cfg_path = str(CONFIGS / s.config)
-        row = run_mode(cfg_path, mode, "total", seed, steps_of(name, opts), out / name / f"{mode}-s{seed}",
-                       sets=opts.overrides())
+        run_dir = out / name / f"{mode}-s{seed}"
+        if (claim := claim_run(run_dir)) is None:
+            continue
+        with claim:
+            with locked(name, opts):     # finished by another process between our look and our claim?
+                if any(r["seed"] == seed for r in load(name, opts)["runs"].get(mode, [])):
+                    continue
+            started = time.time()
+            row = run_mode(str(CONFIGS / s.config), mode, "total", seed, steps_of(name, opts), run_dir,
+                           sets=opts.overrides())
         row.pop("_exp")
         # the threads each run's torch used: two processes of two threads on two cores spin against each other
         # (docs/benchmarks/suite.md, "Two processes, one thread each"), which shows in wall_s

@@ -159,6 +159,31 @@ def test_two_suite_processes_on_one_setting_take_turns(tmp_path):
     assert set(data["runs"]) == {"reference", "random-library"}
 
 
+def test_a_run_another_suite_process_is_training_is_left_to_it(tmp_path):
+    """Two suite processes whose seed lists overlap: a run whose directory another process holds is
+    skipped with a line that says so (that process adds its row), not trained twice or stopped on."""
+    raw, runs = tmp_path / "raw", tmp_path / "runs"
+    raw.mkdir()
+    (raw / "math-learns.json").write_text(json.dumps(
+        {"setting": "math-learns", "domain_seed": 48, "runs": {}, "scored_on_test": [], "untrained": {"test": 0.0}}))
+    held = runs / "math-learns" / "reference-s0"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys, time; from evotrainer.records.run_dir import acquire; "
+         "os.makedirs(sys.argv[1]); acquire(sys.argv[1], 'evotrainer run'); print('held', flush=True); time.sleep(120)",
+         str(held)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "run", "--settings", "math-learns",
+                              "--seeds", "0", "--modes", "reference", "--draw", "48", "--results", str(raw),
+                              "--out", str(runs)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        holder.kill()
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "skipped here" in out.stdout and "in use by evotrainer run" in out.stdout
+    assert json.loads((raw / "math-learns.json").read_text())["runs"] == {}
+
+
 def test_the_ledger_names_a_variant_run_under_an_override_apart_from_the_plain_one(tmp_path, monkeypatch):
     # Draw 52's `evolve` with the skill prior switched off scored the same split as its plain `evolve`
     # at the same commit: the ledger must list them as two variants, not fold one into the other.
