@@ -8,6 +8,11 @@ It also says whether the selection rule reproduces the pick each run recorded: a
 elite's order it applies is the one those runs ran.
 
     python benchmarks/start_bar_flips.py "runs/suite_ds52/*/*-s*" > benchmarks/results/start_bar_flips_ds52.txt
+
+With ``--verify OUT.json`` (a run written after a rule change, on a fresh draw), each run whose pick
+another rule changes also has that other rule's pick verified on the test split, as the run verified
+its own: the paired test measure of the rule at the cost of a few verifications. OUT gains one row per
+such run (it resumes: a run already in it is not verified again); run directories are only read.
 """
 
 from __future__ import annotations
@@ -58,7 +63,44 @@ def picks(run: Path) -> dict | None:
         rules = {bar: final_pick(versions, survivors, start, bar) for bar in ("selection", "both_draws")}
     finally:
         shutil.rmtree(tmp)
-    return {"recorded": (state.get("final") or {}).get("version"), **rules, "start": start, "scores": scores}
+    final = state.get("final") or {}
+    applied = "both_draws" if final.get("bar") == "both held-out draws" else "selection"
+    return {"recorded": final.get("version"), "applied": applied, **rules, "start": start, "scores": scores}
+
+
+RULES = ("selection", "both_draws")
+
+
+def test_rollouts(run: Path, vid: str) -> tuple:
+    """(the run as a read-only experiment, ``vid``'s rollouts on the test split) through the run's own
+    verification path: the untrained model's stored test rollouts, or the version asked on the test
+    split under its own harness, greedy."""
+    from evotrainer.loop.experiment import Experiment
+    from evotrainer.loop.stages.final_pick import rollouts_on_test
+    from evotrainer.loop.stages.start import start_dir
+
+    exp = Experiment.resume(run, readonly=True)       # reads the run; nothing in it is written
+    if vid == "start":
+        rollouts, error = start_dir(exp).rollouts("test"), None
+    else:
+        rollouts, error = rollouts_on_test(exp.runtime, exp.vdir(vid), vid, exp.runtime.test_tasks, exp.cfg.sandbox,
+                                           exp.cfg.train.eval_max_new_tokens)
+    if error is not None or not rollouts:
+        raise SystemExit(f"{run}: {vid} could not be verified on the test split ({error or 'no stored rollouts'})")
+    return exp, rollouts
+
+
+def verify_other(run: Path, p: dict) -> dict:
+    """The test score of the pick the rule this run did not apply would have made (the run's own
+    pick's is its final record)."""
+    from evotrainer.records.scores import heldout_accuracy
+
+    other = next(r for r in RULES if r != p["applied"])
+    exp, rollouts = test_rollouts(run, p[other])
+    final = exp.state.final or {}
+    return {"run": str(run), "applied": p["applied"], "pick": p["recorded"], "pick_test": final.get("test_accuracy"),
+            "other_rule": other, "other_pick": p[other], "other_test": heldout_accuracy(rollouts),
+            "test_tasks": len(exp.runtime.test_tasks), "untrained_test": final.get("start_test_accuracy")}
 
 
 def _fmt(vid: str, p: dict) -> str:
@@ -69,8 +111,11 @@ def _fmt(vid: str, p: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="run directories or glob patterns")
+    ap.add_argument("--verify", type=Path, default=None, metavar="OUT.json",
+                    help="verify, on the test split, the other rule's pick of each run whose pick it changes")
     args = ap.parse_args()
     runs = sorted({Path(p) for pattern in args.runs for p in glob.glob(pattern)})
+    verified = json.loads(args.verify.read_text()) if args.verify and args.verify.is_file() else []
     done = 0
     flips = mismatches = 0
     for run in runs:
@@ -78,11 +123,17 @@ def main() -> None:
         if p is None:
             continue
         done += 1
-        flips += p["selection"] != p["both_draws"]
-        mismatches += p["selection"] != p["recorded"]
-        print(f"{'FLIP' if p['selection'] != p['both_draws'] else 'same'} {run}: recorded {p['recorded']}; "
-              f"selection rule {_fmt(p['selection'], p)}; both draws {_fmt(p['both_draws'], p)}")
-    print(f"{flips} of {done} finished runs pick another version under both draws; the selection rule "
+        flip = p["selection"] != p["both_draws"]
+        flips += flip
+        mismatches += p[p["applied"]] != p["recorded"]
+        print(f"{'FLIP' if flip else 'same'} {run}: recorded {p['recorded']} (bar: {p['applied']}); "
+              f"selection rule {_fmt(p['selection'], p)}; both draws {_fmt(p['both_draws'], p)}", flush=True)
+        if flip and args.verify and str(run) not in {v["run"] for v in verified}:
+            verified.append(row := verify_other(run, p))
+            args.verify.write_text(json.dumps(verified, indent=1))     # after each: a stopped check resumes
+            print(f"  test: {row['applied']} pick {row['pick']} {row['pick_test']:.3f}; {row['other_rule']} pick "
+                  f"{row['other_pick']} {row['other_test']:.3f}", flush=True)
+    print(f"{flips} of {done} finished runs pick another version under both draws; the rule each run applied "
           f"reproduces {done - mismatches} of {done} recorded picks")
 
 

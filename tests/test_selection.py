@@ -207,3 +207,45 @@ def test_the_offline_bar_check_finds_the_runs_whose_pick_the_pooled_bar_changes(
     state["status"] = "running"
     (run / "state.json").write_text(json.dumps(state))
     assert flips.picks(run) is None      # an unfinished run is not judged
+
+
+def test_the_bar_check_verifies_the_other_rule_s_pick_on_test_as_the_run_verified_its_own(tmp_path):
+    """`start_bar_flips.py --verify` on a finished tiny loop: the other rule's pick is verified through
+    the run's own test path, so naming the run's own pick (or the untrained model) reproduces the test
+    score its final record holds, and the run directory is only read."""
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+
+    from evotrainer.config import parse_config
+    from evotrainer.loop.experiment import Experiment
+    from tests.loop_runs import tiny_cfg
+
+    script = Path(__file__).parents[1] / "benchmarks" / "start_bar_flips.py"
+    spec = importlib.util.spec_from_file_location("start_bar_flips", script)
+    flips = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flips)
+
+    run = tmp_path / "run"
+    exp = Experiment(parse_config(tiny_cfg(run, generations=2)))
+    exp.run()
+    exp.close()
+    final = exp.state.final
+    assert final["bar"] == "both held-out draws" and final["version"] != "start"
+
+    def listing():
+        return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".evotrainer.lock"}
+
+    before = listing()
+    p = flips.picks(run)
+    assert p["applied"] == "both_draws" and p["recorded"] == final["version"] == p["both_draws"]
+    own = flips.verify_other(run, dict(p, selection=final["version"]))
+    assert (own["other_rule"], own["other_pick"]) == ("selection", final["version"])
+    assert own["other_test"] == own["pick_test"] == final["test_accuracy"]
+    _, again = flips.test_rollouts(run, final["version"])       # the same greedy answers, not only the same score
+    stored = exp.vdir(final["version"]).rollouts("test")
+    assert [(r.task_id, r.completion) for r in again] == [(r.task_id, r.completion) for r in stored]
+    untrained = flips.verify_other(run, dict(p, selection="start"))
+    assert untrained["other_test"] == final["start_test_accuracy"]
+    assert listing() == before
