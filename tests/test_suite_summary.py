@@ -27,6 +27,20 @@ def test_the_readme_table_is_the_committed_summary_of_the_committed_raw_results(
     assert block == readme_table(committed), "README's suite table is stale: run `python benchmarks/suite.py summary`"
 
 
+def test_the_swe_rung_table_in_the_docs_is_the_committed_summary_s():
+    """The suite page's swe-1 rung table (accepted calls, edits, test runs: what tells modes apart while
+    nothing resolves) is generated from the committed summary, which holds every rate's seed-level delta."""
+    from suite_summary import SUITE_PAGE, page_with_rungs, rung_markers
+
+    summary = json.loads((ROOT / "benchmarks" / "results" / "suite_summary.json").read_text())
+    rungs = summary["settings"]["swe-1"]["episode_delta"]
+    assert {"resolved", "valid_call_rate", "edited", "ran_tests"} <= set(rungs)
+    assert set(rungs["valid_call_rate"]) == {"means", "evolve-reference", "evolve-random-library"}
+    page = SUITE_PAGE.read_text()
+    assert rung_markers("swe-1")[0] in page
+    assert page_with_rungs(page, summary) == page, "the rung table is stale: run `python benchmarks/suite.py summary`"
+
+
 def test_the_seed_power_table_in_the_docs_is_the_script_s():
     from seed_power import table
 
