@@ -254,7 +254,7 @@ def run(names: list[str], seeds: list[int] | None, modes: list[str], out: Path, 
             started = time.time()
             row = run_mode(str(CONFIGS / s.config), mode, "total", seed, steps_of(name, opts), run_dir,
                            sets=opts.overrides())
-        row.pop("_exp")
+        row.pop("_exp").close()     # its run directory lock and executor: the next run needs neither
         # the threads each run's torch used: two processes of two threads on two cores spin against each other
         # (docs/benchmarks/suite.md, "Two processes, one thread each"), which shows in wall_s
         row.update(commit=git_commit(), config_hash=config_hash(name, opts), started=started,
