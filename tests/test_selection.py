@@ -249,3 +249,42 @@ def test_the_bar_check_verifies_the_other_rule_s_pick_on_test_as_the_run_verifie
     untrained = flips.verify_other(run, dict(p, selection="start"))
     assert untrained["other_test"] == final["start_test_accuracy"]
     assert listing() == before
+
+
+def test_a_continuation_whose_report_cannot_judge_keeps_its_harness_s_stuck_word(tmp_path):
+    """Draw 53's math-misfit-lr seed 0: the recipe (lr 1e-6) raised adapter_stuck at generation 0; its
+    continuations' groups were then all dead, so their reports raised nothing, and the recipe's
+    continuation took the exploit phase from the 1e-3 child it tied. A report with no gradient leaves
+    the word to the last report of the same harness up the lineage; a changed harness starts unjudged,
+    and a judged report (live groups, answers moving) ends the inheritance."""
+    import json
+
+    from evotrainer.fitness.engine_metrics import engine_alerts
+    from evotrainer.loop.run_versions import RunVersions
+    from evotrainer.loop.stages.final_pick import final_pick
+    from evotrainer.loop.stages.selection import lineage_stuck
+    from evotrainer.records.version import BranchVersion, VersionDir
+
+    def version(vid, parent, genome, changed, dead, score=0.25):
+        vd = VersionDir(tmp_path / "versions" / vid)
+        vd.save_meta(BranchVersion(id=vid, base_model="m", genome_hash=genome, parents=[parent] if parent else [],
+                                   operator="knobs" if genome != "recipe" and parent == "v0000" else None,
+                                   decision={"promote": False} if genome != "recipe" and parent == "v0000" else None,
+                                   status="kept", metrics={"heldout_accuracy": 0.167, "selection_accuracy": score,
+                                                           "cost": 20.0}))
+        metrics = {"heldout_changed_rate": changed, "dead_group_ratio": dead}
+        (vd.path / "health.json").write_text(json.dumps({"metrics": metrics, "alerts": engine_alerts(metrics)}))
+
+    version("v0000", None, "recipe", 0.0, 0.75)        # stuck: live groups, nothing moved
+    version("v0001", "v0000", "recipe", 0.0, 1.0)      # continued, every group dead: no word of its own
+    version("v0004", "v0001", "recipe", 0.0, 1.0)
+    version("v0002", "v0000", "lr1e-3", 0.0, 1.0)      # the learning-rate child, its groups dead too
+    version("v0005", "v0002", "lr1e-3", 0.0, 1.0)
+    version("v0009", "v0004", "recipe", 0.4, 0.5)      # the recipe judged moving later: that word stands
+    versions = RunVersions(tmp_path / "versions")
+    stuck = {v: lineage_stuck(v, versions.vdir, versions.meta_or_none) for v in versions.ids()}
+    assert stuck == {"v0000": True, "v0001": True, "v0004": True, "v0002": False, "v0005": False, "v0009": False}
+    start = {"heldout_accuracy": 0.167, "selection_accuracy": 0.25}
+    # tied on both draws, the recipe's own harness would rank first on the gate's evidence; stuck, it does not
+    assert final_pick(versions, ["v0004", "v0005"], start) == "v0005"
+    assert final_pick(versions, ["v0009", "v0005"], start) == "v0009"

@@ -40,8 +40,8 @@ from evotrainer.loop.stages.proposals import ProposalInputs, evidence_for
 from evotrainer.loop.stages.revert import apply_revert, plan_reverts
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.compute.runtime import Runtime
-from evotrainer.loop.stages.selection import (Candidate, below_start, harness_evidence, rank_score,
-                                               version_stuck, survivors as select_survivors)
+from evotrainer.loop.stages.selection import (Candidate, below_start, harness_evidence, lineage_stuck, rank_score,
+                                               survivors as select_survivors)
 from evotrainer.loop.knowledge.skills import SkillLibrary
 from evotrainer.loop.stages.start import note_selection, verify_start
 from evotrainer.loop.tools.summary import print_summary
@@ -298,7 +298,7 @@ class Experiment:
             m = self.vdir(v).meta()
             if m.status in SETTLED:
                 # Ranked on the selection draw: the gate draw decided this version's promotion.
-                stuck = version_stuck(self.vdir(v))
+                stuck = lineage_stuck(v, self.vdir, self.run_versions.meta_or_none)
                 below = below_start(m.metrics, start, bar)
                 out.append(Candidate(v, rank_score(m.metrics), m.metrics.get("cost", 0.0), cell=cell, stuck=stuck,
                                      evidence=harness_evidence(v, self.run_versions.meta_or_none), below_start=below))

@@ -21,7 +21,7 @@ from evotrainer.genome.program import HarnessProgram
 from evotrainer.genome.sandbox import SandboxError
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.stages.selection import (Candidate, below_start, elite_key, harness_evidence, rank_score,
-                                               version_stuck)
+                                               lineage_stuck)
 from evotrainer.loop.stages.start import START, scored_start, start_test
 from evotrainer.policy.collect import prompt_fn, verify
 from evotrainer.records.rollout import Rollout
@@ -51,7 +51,7 @@ def final_pick(versions: RunVersions, survivors: list[str], start: dict | None, 
         scored = [m for m in scored if not below_start(m.metrics, start, bar)]
         if not scored:
             return START
-    cands = [Candidate(m.id, rank_score(m.metrics), m.metrics.get("cost", 0.0), stuck=version_stuck(versions.vdir(m.id)),
+    cands = [Candidate(m.id, rank_score(m.metrics), m.metrics.get("cost", 0.0), stuck=lineage_stuck(m.id, versions.vdir, versions.meta_or_none),
                        evidence=harness_evidence(m.id, versions.meta_or_none)) for m in scored]
     best = min(cands, key=elite_key, default=None)
     return best.version_id if best else None

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 from deap import base, tools
 
 from evotrainer.loop.stages.diversity import diversify
+from evotrainer.operators.library_entries import STUCK_DEAD
 from evotrainer.policy.imitation import imitation_mask
 from evotrainer.records.numeric import is_dead, mean
 from evotrainer.records.rollout import Rollout, group_rollouts
@@ -65,10 +66,43 @@ def groups_with_gradient(train: Sequence[Rollout], steps: Sequence[dict]) -> flo
                  or (g[0].step in imitating and any(any(imitation_mask(r)) for r in g)) for g in groups])
 
 
-def version_stuck(vd: VersionDir) -> bool:
-    """Whether a version's own health report raised ``adapter_stuck`` (False before it has one)."""
-    health = vd.path / "health.json"
-    return health.is_file() and reported_stuck(json.loads(health.read_text()))
+def _judged(report: dict) -> bool:
+    """Whether a report could tell a stuck adapter from a moving one: its groups had a gradient and its
+    held-out answers were compared with the untrained model's (the engine's ``adapter_stuck`` rule)."""
+    m = report.get("metrics") or {}
+    dead, changed = m.get("dead_group_ratio"), m.get("heldout_changed_rate")
+    return dead is not None and changed is not None and dead < STUCK_DEAD
+
+
+def lineage_stuck(vid: str, vdir: Callable[[str], VersionDir],
+                  meta_of: Callable[[str], BranchVersion | None]) -> bool:
+    """Whether ``vid``'s harness last showed a stuck adapter on its lineage: its own report decides
+    where it can judge (``adapter_stuck`` raised or not); a report that cannot (every group dead: no
+    gradient, so no word on the step size) leaves it to the previous version of the same harness along
+    the first parents, and so back. A changed harness (a child) starts unjudged: not stuck.
+
+    Why: on draw 53's math-misfit-lr seed 0 the recipe (lr 1e-6) raised adapter_stuck at generation 0,
+    and its continuations' groups were then all dead, so their reports raised nothing; the recipe's
+    continuation counted as moving, tied a learning-rate child (1e-3) on both draws and, as the
+    recipe's own harness, took the exploit phase from it. A step too small to move the adapter is
+    still too small while no group has a gradient."""
+    seen: set[str] = set()
+    while vid not in seen:
+        seen.add(vid)
+        health = vdir(vid).path / "health.json"
+        if not health.is_file():
+            return False
+        report = json.loads(health.read_text())
+        if reported_stuck(report):
+            return True
+        if _judged(report):
+            return False
+        meta = meta_of(vid)
+        parent = meta_of(meta.parents[0]) if meta is not None and meta.parents else None
+        if parent is None or parent.genome_hash != meta.genome_hash:
+            return False
+        vid = parent.id
+    return False
 
 
 def harness_evidence(vid: str, meta_of: Callable[[str], BranchVersion | None]) -> int:
@@ -113,7 +147,8 @@ class Candidate:
     valid: bool = True
     cell: str | None = None    # its harness descriptor's cell (loop/stages/diversity.py); None: not described
     # Its report raised adapter_stuck: its groups had a gradient, yet its training changed almost no
-    # held-out answer. It loses the elite's place to a version whose training moves (:func:`elite_key`):
+    # held-out answer (or its report could not judge and its harness's last one on its lineage did:
+    # lineage_stuck). It loses the elite's place to a version whose training moves (:func:`elite_key`):
     # a stuck lineage repeats itself under any continuation, as a dead one does (the misfit setting's
     # exploit went to the stuck control over a learning-rate child tied with it). As a parent it stays
     # welcome: triage gives its children the learning-rate change it needs.
