@@ -51,7 +51,8 @@ def final_pick(versions: RunVersions, survivors: list[str], start: dict | None, 
         scored = [m for m in scored if not below_start(m.metrics, start, bar)]
         if not scored:
             return START
-    cands = [Candidate(m.id, rank_score(m.metrics), m.metrics.get("cost", 0.0), stuck=lineage_stuck(m.id, versions.vdir, versions.meta_or_none),
+    cands = [Candidate(m.id, rank_score(m.metrics), m.metrics.get("cost", 0.0),
+                       stuck=lineage_stuck(m.id, versions.vdir, versions.meta_or_none),
                        evidence=harness_evidence(m.id, versions.meta_or_none)) for m in scored]
     best = min(cands, key=elite_key, default=None)
     return best.version_id if best else None
