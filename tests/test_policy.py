@@ -290,3 +290,37 @@ def test_a_fresh_adapter_is_drawn_from_the_policy_seed_alone():
     torch.manual_seed(11)
     Policy(model, tok, LoraSettings(r=8, lora_alpha=16), seed=5).create("c")
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_long_rows_train_in_smaller_micro_batches_with_the_same_gradient(policy, monkeypatch):
+    """A child that raised code's completion cap to 512 tokens took a suite process past 19 GB (16 rows
+    of 730 tokens, each keeping its attention scores for the backward pass). The step now splits rows
+    whose attention would pass ATTENTION_BUDGET into smaller equal micro-batches: the defaults keep
+    their 16 rows, and the gradient is the one-micro-batch gradient."""
+    from evotrainer.policy import grpo
+
+    budget = grpo.ATTENTION_BUDGET
+    assert grpo.micro_batch_rows(16, 346, 16, budget) == 16   # code-2's longest prompt, a 128-token completion
+    assert grpo.micro_batch_rows(16, 730, 16, budget) == 2    # the same prompt and a 512-token completion
+    assert grpo.micro_batch_rows(13, 730, 16, budget) == 3    # no divisor near the limit: uneven, at the limit
+    assert grpo.micro_batch_rows(16, 100, 4, budget) == 4 and grpo.micro_batch_rows(3, 10_000, 16, budget) == 1
+    assert grpo.micro_batch_rows(16, 730, 16, None) == 16     # on a GPU: per_device_train_batch_size alone
+    policy.fork("b0", "whole")
+    policy.fork("b0", "split")
+    outs = TransformersEngine(policy).generate(PROMPTS[:2] * 2, SamplingParams(max_new_tokens=8, seed=0), "b0")
+    rollouts, advs = _rollouts(outs, 2), [1.0, -1.0, -0.5, 0.5]
+    longest = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+    grads, passes = {}, {}
+    for branch, budget in (("whole", 10**9), ("split", 2 * longest ** 2)):
+        monkeypatch.setattr(grpo, "ATTENTION_BUDGET", budget)
+        tr = GRPOTrainer(policy, branch, GRPOConfig(learning_rate=1e-2, num_generations=2, max_completion_length=8,
+                                                    max_grad_norm=1e9))
+        calls = []
+        forward = tr._logps
+        tr._logps = lambda model, b: calls.append(b["completion_ids"].shape[0]) or forward(model, b)
+        tr.step(rollouts, advs)
+        grads[branch], passes[branch] = [p.grad.clone() for p in tr.params], calls
+    assert passes == {"whole": [4], "split": [2, 2]}
+    assert any(g.abs().sum() > 0 for g in grads["whole"])
+    for a, b in zip(grads["whole"], grads["split"]):
+        assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()

@@ -115,6 +115,26 @@ def shares_prompts_by_default(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu"
 
 
+# Rows x T^2 a micro-batch may hold on the CPU, T a row's prompt and completion tokens: attention there
+# keeps a (heads, T, T) score matrix per row and layer for the backward pass. 2^21 leaves the defaults
+# as they were (16 rows up to T = 362: code-2's prompts reach 218 tokens before a 128-token completion),
+# while a 512-token code completion (T = 730), which took a suite process past 19 GB and the
+# out-of-memory killer, trains 2 rows at a time. Not applied on a GPU, whose fused attention kernels
+# keep no such matrix (nor measured there).
+ATTENTION_BUDGET = 2**21
+
+
+def micro_batch_rows(n: int, longest: int, cap: int, budget: int | None = None) -> int:
+    """Rows per micro-batch for ``n`` rows whose longest is ``longest`` tokens: at most ``cap``
+    (``per_device_train_batch_size``), fewer where ``cap`` rows would pass ``budget`` (rows x T^2); a
+    divisor of ``n`` where one is at least half that limit, so the micro-batches are equal and the
+    losses that average micro-batch means ('grpo', 'dr_grpo') equal the whole batch's ('dapo' does at
+    any split)."""
+    limit = max(1, min(cap, n, budget // max(1, longest) ** 2 if budget is not None else cap))
+    even = max(d for d in range(1, limit + 1) if n % d == 0)
+    return even if 2 * even >= limit else limit
+
+
 class GRPOTrainer:
     """Optimises one LoRA branch of a :class:`~evotrainer.policy.lora.Policy` on scored rollouts.
 
@@ -211,16 +231,20 @@ class GRPOTrainer:
         if len(rollouts) != len(advantages):
             raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
         cfg = self.cfg
-        mb = max(1, cfg.per_device_train_batch_size)
         own = {id(r) for r in rollouts}
         extra = [r for r in imitate if id(r) not in own] if cfg.guided_imitation else []
         if not rollouts and not extra:
             raise ValueError("nothing to train on: no rollouts and nothing to imitate")
+        longest = max(len(r.prompt_ids) + len(r.completion_ids) for r in [*rollouts, *extra])
+        cap = max(1, cfg.per_device_train_batch_size)
+        budget = ATTENTION_BUDGET if self.policy.device.type == "cpu" else None
+        mb = micro_batch_rows(len(rollouts), longest, cap, budget) if rollouts else cap
         chunks = [list(range(i, min(i + mb, len(rollouts)))) for i in range(0, len(rollouts), mb)]
         batches = [self._batch([rollouts[i] for i in c]) for c in chunks]
         advs = [torch.tensor([advantages[i] for i in c], device=self.policy.device, dtype=torch.float32)
                 for c in chunks]
-        clone_only = [self._batch(extra[i:i + mb]) for i in range(0, len(extra), mb)]
+        mb_extra = micro_batch_rows(len(extra), longest, cap, budget) if extra else cap
+        clone_only = [self._batch(extra[i:i + mb_extra]) for i in range(0, len(extra), mb_extra)]
         total_tokens = float(sum(b["completion_mask"].sum() for b in batches))
         imitated = float(sum(b["imitation_mask"].sum() for b in batches + clone_only))
         stats: dict[str, float] = {"loss": 0.0, "clip_ratio/low": 0.0, "clip_ratio/high": 0.0, "kl": 0.0}
