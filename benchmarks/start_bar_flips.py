@@ -26,6 +26,7 @@ from pathlib import Path
 
 from evotrainer.loop.run_versions import RunVersions
 from evotrainer.loop.stages.final_pick import final_pick
+from evotrainer.loop.stages.selection import START_BARS
 
 
 def _rows(path: Path) -> int:
@@ -60,15 +61,13 @@ def picks(run: Path) -> dict | None:
             if (vdir / "health.json").is_file():    # the elite's order reads adapter_stuck from it
                 shutil.copy(vdir / "health.json", tmp / vdir.name / "health.json")
         versions, survivors = RunVersions(tmp), state.get("survivors") or []
-        rules = {bar: final_pick(versions, survivors, start, bar) for bar in ("selection", "both_draws")}
+        rules = {bar: final_pick(versions, survivors, start, bar) for bar in START_BARS}
     finally:
         shutil.rmtree(tmp)
     final = state.get("final") or {}
     applied = "both_draws" if final.get("bar") == "both held-out draws" else "selection"
     return {"recorded": final.get("version"), "applied": applied, **rules, "start": start, "scores": scores}
 
-
-RULES = ("selection", "both_draws")
 
 
 def test_rollouts(run: Path, vid: str) -> tuple:
@@ -95,7 +94,7 @@ def verify_other(run: Path, p: dict) -> dict:
     pick's is its final record)."""
     from evotrainer.records.scores import heldout_accuracy
 
-    other = next(r for r in RULES if r != p["applied"])
+    other = next(r for r in START_BARS if r != p["applied"])
     exp, rollouts = test_rollouts(run, p[other])
     final = exp.state.final or {}
     return {"run": str(run), "applied": p["applied"], "pick": p["recorded"], "pick_test": final.get("test_accuracy"),

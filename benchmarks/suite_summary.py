@@ -211,7 +211,7 @@ def readme_with_table(readme: str, table: str) -> str:
 
 
 def rung_tables(summary: dict) -> dict[str, str]:
-    """(start marker, end marker) -> table: every episode setting's rung table, for the suite's page."""
+    """setting -> its rung table, for every episode setting (the suite page holds each between rung_markers)."""
     return {name: rung_table(summary, name) for name, s in summary["settings"].items() if s.get("episode_delta")}
 
 
