@@ -81,8 +81,8 @@ NOTES: dict[str, str] = {
     "evolution.allow_multi_factor": "let an intervention change more than one knob or hook",
     "evolution.stop_below_start": "the untrained model is scored on both held-out draws first and on the test "
                                   "split at the end, beside the final pick",
-    "evolution.exploit_share": "from the first selection past it only the elite (first in the elite's order: above "
-                               "the untrained model, moving, a promoted harness, then the selection-draw score) "
+    "evolution.exploit_share": "from the first selection past it only the elite (first in the elite's order: moving, "
+                               "above the untrained model, a promoted harness, then the selection-draw score) "
                                "lives on, no more children are proposed, and its lineage trains to the end "
                                "(successive halving's last rung); the run's log says when the phase starts",
     "evolution.skills_validate_after": "gate confirmations before a skill counts as validated",

@@ -263,7 +263,8 @@ class EvolutionConfig(_Section):
                                    "beats the best survivor by the revert's paired rule) at two selections in a row; the "
                                    "final pick is never below the start either way")
     start_bar: Literal["both_draws", "selection"] = Field("both_draws", description=(
-        "what ranks a version below the untrained model (never the final pick, last in the elite's order): "
+        "what ranks a version below the untrained model (never the final pick; in the elite's order after every "
+        "moving version above it, before a stuck one): "
         "both held-out draws pooled, or the selection draw alone (the rule before draw 53)"))
     exploit_share: float | None = Field(None, ge=0, lt=1, description="share kept for the best lineage alone: of "
                                         "budget.train_steps when set (once the next generation would pass the rest, no "

@@ -1,5 +1,7 @@
 """Selection (DEAP): survivors and parents on hand-built candidates, so each rule is seen alone."""
 
+import json
+
 import pytest
 
 from evotrainer.loop.stages.selection import Candidate, parents, survivors
@@ -63,6 +65,39 @@ def test_a_stuck_version_loses_the_elite_to_one_that_moves():
     assert survivors([Candidate("v0004", 0.333, 10.0), Candidate("v0006", 0.333, 12.0), other], 1) == ["v0004"]
     assert survivors([control, Candidate("v0006", 0.30, 12.0), other], 1) == ["v0006"]
     assert survivors([control, Candidate("v0006", 0.30, 12.0, stuck=True)], 1) == ["v0004"]   # all stuck: score
+
+
+def test_a_stuck_lineage_yields_the_elite_even_to_a_moving_one_below_the_untrained_model(tmp_path):
+    """Draw 54, math-misfit-lr seed 2: the recipe (lr 1e-6) was stuck at the untrained model's bar, and
+    a learning-rate child that moved held-out answers drew one task below it. A stuck lineage can only
+    end at the untrained score, so the moving one takes the exploit; the final pick still keeps the bar
+    first and falls back to the stuck recipe's version at the bar when the moving one stays below."""
+    from evotrainer.loop.run_versions import RunVersions
+    from evotrainer.loop.stages.final_pick import final_pick
+    from evotrainer.loop.stages.selection import elite_key
+    from evotrainer.records.version import BranchVersion, VersionDir
+
+    stuck = Candidate("v0004", 0.208, 10.0, stuck=True, evidence=1)
+    moving_below = Candidate("v0006", 0.188, 12.0, evidence=2, below_start=True)
+    assert survivors([stuck, moving_below], 1) == ["v0006"]
+    assert survivors([stuck, moving_below, Candidate("v0007", 0.208, 11.0, evidence=2)], 1) == ["v0007"]
+    # among moving versions the bar still comes before the gate's evidence and the score
+    assert survivors([moving_below, Candidate("v0007", 0.2, 11.0, evidence=2)], 1) == ["v0007"]
+    # among stuck versions too
+    assert sorted([Candidate("v0008", 0.3, 1.0, stuck=True, below_start=True), stuck], key=elite_key)[0] is stuck
+
+    # the final pick: the same two versions on disk, the moving one below the bar on both draws pooled
+    versions = RunVersions(tmp_path / "versions")
+    start = {"selection_accuracy": 0.208, "both_draws_accuracy": 0.208}
+    for vid, acc, op, report in (("v0004", 0.208, None, {"alerts": [{"name": "adapter_stuck"}]}),
+                                 ("v0006", 0.188, "knobs", {"metrics": {"dead_group_ratio": 0.5,
+                                                                        "heldout_changed_rate": 0.71}})):
+        vd = VersionDir(versions.root / vid)
+        vd.save_meta(BranchVersion(id=vid, base_model="m", genome_hash=vid, parents=[], operator=op,
+                                   metrics={"selection_accuracy": acc, "both_draws_accuracy": acc, "cost": 1.0},
+                                   status="kept"))
+        (vd.path / "health.json").write_text(json.dumps(report))
+    assert final_pick(versions, ["v0004", "v0006"], start) == "v0004"
 
 
 def _lineage():

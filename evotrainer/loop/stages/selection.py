@@ -3,8 +3,8 @@
 Objectives: maximise held-out score, minimise cost (generated tokens per training step). Validity
 is a constraint, not an objective: an invalid version is never selected, whatever its score.
 NSGA-II (the default) keeps the Pareto front first; tournament selection is an option. Elitism
-always keeps the first valid versions in the elite's order (:func:`elite_key`: above the untrained
-model, moving, the gate's evidence for the harness, then the score). With ``min_cells`` > 1 the choice then covers that
+always keeps the first valid versions in the elite's order (:func:`elite_key`: moving, above the
+untrained model, the gate's evidence for the harness, then the score). With ``min_cells`` > 1 the choice then covers that
 many harness-descriptor cells where the candidates hold them (``loop/stages/diversity.py``): the best of an
 uncovered cell replaces the lowest-scoring pick of a cell another pick still holds, and ``say`` is
 told each replacement.
@@ -157,7 +157,8 @@ class Candidate:
     # promoted harness, then of the recipe's own, then of a harness the gate did not promote.
     evidence: int = 1
     # Below the untrained model's bar (below_start: both held-out draws pooled by default): whatever the
-    # gate said of its harness, it is no elite while a version above that bar stands (nor the final pick).
+    # gate said of its harness, it is no elite while a moving version above that bar stands (a stuck one
+    # yields to it: elite_key), and never the final pick.
     below_start: bool = False
 
     def __post_init__(self) -> None:
@@ -186,11 +187,19 @@ def below_start(metrics: dict, start: dict | None, bar: str = "both_draws") -> b
 
 
 def elite_key(c: Candidate) -> tuple:
-    """The elite's order: a version at or above the untrained model before one below it, then a
-    lineage that moves before a stuck one (a stuck lineage repeats itself under any continuation: the
-    misfit recipe's does, and any move beats it), then the gate's evidence for its harness, then the
-    selection score, the cost and the id."""
-    return (c.below_start, c.stuck, c.evidence, -c.score, c.cost, c.version_id)
+    """The elite's order: a lineage that moves before a stuck one, then a version at or above the
+    untrained model before one below it, then the gate's evidence for its harness, then the selection
+    score, the cost and the id.
+
+    Why a stuck lineage comes last, below the untrained model's bar too: it repeats itself under any
+    continuation (the misfit recipe's does), so the exploit budget spent on it can only end at the
+    untrained score, while a moving lineage below the bar can still rise above it; and if it does not,
+    the final pick, which keeps the bar first (``loop/stages/final_pick.py``),
+    falls back to a version at the bar, which is where the stuck lineage would have ended. On draw
+    54's math-misfit-lr seed 2 a learning-rate child one task below the bar on both draws lost the
+    exploit phase to the stuck recipe, whose continuation then ended at the untrained score (seen
+    after that run's test score: measured again on draw 55)."""
+    return (c.stuck, c.below_start, c.evidence, -c.score, c.cost, c.version_id)
 
 
 def survivors(cands: Sequence[Candidate], k: int, method: str = "nsga2", elitism: int = 1,
