@@ -44,6 +44,8 @@ MODES = ("reference", "evolve", "random-library")
 # was measured on a fresh draw (48, 49, 50). 51 is the draw of `evolve` at 4e183d1 (with the probes of
 # 0c8b068, which act only at the 16-step settings' budgets): the headline. The elite's order that main's
 # `evolve` has used since (written after 51's math-learns scores) is measured on draw 52.
+# Later rules, each read from a draw's test scores, are measured on draws 53 (stopped), 54 (stopped after
+# math-misfit-lr) and 55 (docs/benchmarks/suite.md).
 DOMAIN_SEED = 51
 RESULTS = ROOT / "benchmarks" / "results" / f"suite_ds{DOMAIN_SEED}"
 
