@@ -36,19 +36,40 @@ def removed_lines(patch: str) -> list[str]:
     return [ln[1:].strip() for ln in patch.splitlines() if ln.startswith("-") and not ln.startswith("---")]
 
 
-def episode_row(rollout: dict, bug: dict, buggy_line: str, edit_form: str = "line") -> dict:
-    """One training episode: its level, whether it was guided (and its guided edits' form), and what
-    its patch did."""
+def edit_calls(rollout: dict) -> list[dict]:
+    """The episode's ``edit`` calls the environment accepted (their ``search`` and ``replace``)."""
+    return [c.get("args") or {} for c in rollout.get("tool_calls") or []
+            if c.get("name") == "edit" and not c.get("error")]
+
+
+def episode_row(rollout: dict, bug: dict, buggy_line: str, edit_form: str = "line",
+                fixed_line: str | None = None) -> dict:
+    """One training episode: its level, whether it was guided (and its guided edits' form), what its
+    accepted edit calls wrote (on the bug's line; the fix itself, ``fixed_line``), and what its
+    handed-in patch did. The calls count where an episode ends before it submits (a short probe)."""
     visible, episode = rollout.get("visible") or {}, rollout.get("episode") or {}
     patch = episode.get("patch") or ""
     edited = bool(visible.get("patch_applied")) and bool(patch.strip())
     p2p = visible.get("pass_to_pass") or {}
+    calls = edit_calls(rollout)
+    on_line = [c for c in calls if str(c.get("search", "")).strip() == buggy_line]
     return {"task_id": rollout["task_id"], "level": int(rollout["task_id"].split("/")[1][1:]),
             "group": rollout.get("group"), "guided": edit_form if episode.get("guided") else None,
+            "edit_call": bool(calls), "call_on_bug_line": bool(on_line),
+            "call_def_line": any(str(c.get("search", "")).strip().startswith(("def ", "async def ")) for c in calls),
+            "call_writes_fix": fixed_line is not None and any(str(c.get("replace", "")).strip() == fixed_line
+                                                               for c in on_line),
             "edited": edited, "on_bug_line": edited and buggy_line in removed_lines(patch),
             "def_line": edited and any(x.startswith(("def ", "async def ")) for x in removed_lines(patch)),
             "breaks_passing": edited and any(not t.get("passed") for t in p2p.values()),
             "resolved": bool(visible.get("resolved")), "reward": rollout.get("reward")}
+
+
+COUNTS = ("edit_call", "call_on_bug_line", "call_def_line", "call_writes_fix",
+          "edited", "on_bug_line", "def_line", "breaks_passing", "resolved")
+HEADERS = ("accepted edit call", "edit call on the bug's line", "edit call on a `def` line", "edit call writes the fix",
+           "patch applied", "patch on the bug's line", "patch on a `def` line", "patch breaks a passing test",
+           "resolved")
 
 
 def table(rows: list[dict]) -> list[dict]:
@@ -62,12 +83,13 @@ def table(rows: list[dict]) -> list[dict]:
         groups[(r["level"], r.get("version"), r["task_id"], r["group"])].append(r)
     out = []
     for (level, guided), rs in sorted(cells.items()):
-        split_groups = sum(1 for (lv, *_), g in groups.items() if lv == level
-                           and any(x["resolved"] for x in g) and not all(x["resolved"] for x in g))
+        def parted(key: str) -> int:
+            return sum(1 for (lv, *_), g in groups.items() if lv == level
+                       and any(x[key] for x in g) and not all(x[key] for x in g))
         out.append({"level": level, "guided": guided or None, "episodes": len(rs),
-                    **{k: sum(r[k] for r in rs) for k in ("edited", "on_bug_line", "def_line", "breaks_passing",
-                                                           "resolved")},
-                    "groups_parted_by_resolution": split_groups})
+                    **{k: sum(r[k] for r in rs) for k in COUNTS},
+                    "groups_parted_by_resolution": parted("resolved"),
+                    "groups_parted_by_a_written_fix": parted("call_writes_fix")})
     return out
 
 
@@ -127,16 +149,18 @@ def main() -> None:
             bug = task.hidden["bug"]
             path = f"{task.visible['package']}/{bug['module']}.py"
             buggy_line = task.visible["files"][path].splitlines()[bug["line"] - 1].strip()
-            rows.append(dict(episode_row(r, bug, buggy_line, form), version=str(version)))
+            fixed_line = TEMPLATES[bug["module"]]["source"].splitlines()[bug["line"] - 1].strip()
+            rows.append(dict(episode_row(r, bug, buggy_line, form, fixed_line), version=str(version)))
     if not rows:
         raise SystemExit("no training episodes in the versions given: give version directories that training wrote")
     summary = table(rows)
-    print("| level | guided edit | episodes | edited | on the bug's line | on a `def` line | breaking a passing test "
-          "| resolved | groups parted by a resolution |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| level | guided edit | episodes | " + " | ".join(HEADERS) + " | groups parted by a resolution "
+          "| groups parted by a written fix |")
+    print("|---" * (len(HEADERS) + 5) + "|")
     for c in summary:
-        print(f"| {c['level']} | {c['guided'] or 'no'} | {c['episodes']} | {c['edited']} | {c['on_bug_line']} | {c['def_line']} | "
-              f"{c['breaks_passing']} | {c['resolved']} | {c['groups_parted_by_resolution']} |")
+        cells = [c["level"], c["guided"] or "no", c["episodes"], *(c[k] for k in COUNTS),
+                 c["groups_parted_by_resolution"], c["groups_parted_by_a_written_fix"]]
+        print("| " + " | ".join(map(str, cells)) + " |")
     if args.json:
         args.json.write_text(json.dumps({"versions": [str(v) for v in args.versions], "config": args.config, "table": summary,
                                          "episodes": rows}, indent=1) + "\n")

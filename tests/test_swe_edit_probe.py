@@ -11,12 +11,21 @@ from swe_edit_probe import episode_row, removed_lines, table, variant_odds  # no
 
 from evotrainer.domains import get_domain  # noqa: E402
 from evotrainer.domains.swe.patching import diff_files  # noqa: E402
+from evotrainer.domains.swe.templates import TEMPLATES  # noqa: E402
 
 
-def _episode(domain, task, patch, group, guided):
+def _episode(domain, task, patch, group, guided, calls=()):
     visible = domain.verify_batch([task], [f"```diff\n{patch}```\n"])[0]
     return {"task_id": task.id, "group": group, "visible": visible, "reward": float(visible["resolved"]),
-            "episode": {"patch": patch, "guided": guided}}
+            "episode": {"patch": patch, "guided": guided}, "tool_calls": list(calls)}
+
+
+def _lines(task):
+    bug = task.hidden["bug"]
+    path = f"{task.visible['package']}/{bug['module']}.py"
+    buggy = task.visible["files"][path].splitlines()[bug["line"] - 1]
+    fixed = TEMPLATES[bug["module"]]["source"].splitlines()[bug["line"] - 1]
+    return path, buggy, fixed
 
 
 def test_the_fix_and_a_breaking_edit_of_the_bugs_line_are_told_apart_by_level_and_group():
@@ -34,14 +43,31 @@ def test_the_fix_and_a_breaking_edit_of_the_bugs_line_are_told_apart_by_level_an
     lines = source.splitlines(keepends=True)
     lines[bug["line"] - 1] = "this line is wrong!\n"
     breaking = diff_files({path: source}, {path: "".join(lines)})
-    fixed = episode_row(_episode(domain, task, task.answer, 0, True), bug, buggy, "token")
-    broken = episode_row(_episode(domain, task, breaking, 0, False), bug, buggy)
+    _, buggy_raw, fixed_raw = _lines(task)
+    fix_call = {"name": "edit", "args": {"path": path, "search": buggy_raw, "replace": fixed_raw}, "error": None}
+    refused = {"name": "edit", "args": {"path": path, "search": buggy_raw, "replace": fixed_raw}, "error": "no such line"}
+    vandal_call = {"name": "edit", "args": {"path": path, "search": buggy_raw, "replace": "this line is wrong!"},
+                   "error": None}
+    fixed = episode_row(_episode(domain, task, task.answer, 0, True, [refused, fix_call]), bug, buggy, "token",
+                        fixed_raw.strip())
+    broken = episode_row(_episode(domain, task, breaking, 0, False, [vandal_call]), bug, buggy, "line",
+                         fixed_raw.strip())
+    assert fixed["edit_call"] and fixed["call_on_bug_line"] and fixed["call_writes_fix"]
+    assert broken["edit_call"] and broken["call_on_bug_line"] and not broken["call_writes_fix"]
+    only_refused = episode_row(_episode(domain, task, "", 1, True, [refused]), bug, buggy, "token", fixed_raw.strip())
+    assert not only_refused["edit_call"] and not only_refused["call_writes_fix"]
+    signature = {"name": "edit", "args": {"path": path, "search": "def f(x, n=3):", "replace": "def f(x, n=4):"},
+                 "error": None}
+    on_def = episode_row(_episode(domain, task, "", 1, True, [signature]), bug, buggy, "token", fixed_raw.strip())
+    assert on_def["edit_call"] and on_def["call_def_line"] and not on_def["call_on_bug_line"]
+    assert not fixed["call_def_line"]
     assert fixed["level"] == 0 and fixed["resolved"] and fixed["on_bug_line"] and not fixed["breaks_passing"]
     assert broken["edited"] and broken["on_bug_line"] and not broken["resolved"] and broken["breaks_passing"]
     assert not fixed["def_line"] and not broken["def_line"]
     cells = {(c["level"], c["guided"]): c for c in table([fixed, broken])}
     assert cells[(0, "token")]["resolved"] == 1 and cells[(0, None)]["resolved"] == 0
     assert cells[(0, "token")]["groups_parted_by_resolution"] == 1      # one group: a resolved and an unresolved member
+    assert cells[(0, "token")]["groups_parted_by_a_written_fix"] == 1
 
     # an episode that handed in nothing did not edit
     idle = episode_row({"task_id": task.id, "group": 1, "visible": {"patch_applied": False},
@@ -65,7 +91,10 @@ def test_the_command_reads_version_directories_and_logs_one_that_never_trained(t
     version = tmp_path / "v0001"
     (version / "rollouts").mkdir(parents=True)
     (version / "meta.json").write_text(json.dumps({"knobs": {"guided_edit": "token"}}))
-    episodes = [_episode(domain, task, task.answer, 0, True), _episode(domain, task, "", 0, False)]
+    path, buggy, fixed = _lines(task)
+    episodes = [_episode(domain, task, task.answer, 0, True,
+                         [{"name": "edit", "args": {"path": path, "search": buggy, "replace": fixed}, "error": None}]),
+                _episode(domain, task, "", 0, False)]
     (version / "rollouts" / "train.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
     (tmp_path / "v0002").mkdir()
     config = tmp_path / "probe.yaml"
@@ -76,7 +105,8 @@ def test_the_command_reads_version_directories_and_logs_one_that_never_trained(t
                           "--json", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert f"skipped {tmp_path / 'v0002'}: no rollouts/train.jsonl" in out.stderr
-    assert "| 0 | token | 1 | 1 | 1 | 0 | 0 | 1 | 1 |" in out.stdout and "| 0 | no | 1 | 0 | 0 | 0 | 0 | 0 | 1 |" in out.stdout
+    assert "| 0 | token | 1 | 1 | 1 | 0 | 1 | 1 | 1 | 0 | 0 | 1 | 1 | 1 |" in out.stdout, out.stdout
+    assert "| 0 | no | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 1 |" in out.stdout, out.stdout
     saved = json.loads((tmp_path / "out.json").read_text())
     assert [r["resolved"] for r in saved["episodes"]] == [True, False]
     bad = subprocess.run([sys.executable, str(script), str(tmp_path / "v0002"), "--config", str(config)],
