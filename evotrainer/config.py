@@ -111,9 +111,10 @@ class GRPOSection(_Section):
     guided_plan_share: float | None = Field(None, ge=0, le=1, description=(
         "swe: share of each group's training episodes decoded under the grammar with the tool fixed turn by "
         "turn: read_file, edit (of a line the file holds once), run_tests, submit (held-out never)"))
-    guided_edit: Literal["line", "token"] | None = Field(None, description=(
-        "swe: what a guided edit writes in place of the line it names: line (any one line) or token (the line "
-        "with one operator, comparison or integer changed)"))
+    guided_edit: Literal["line", "token", "quoted"] | None = Field(None, description=(
+        "swe: what a guided edit writes in place of the line it names: line (any one line), token (the line "
+        "with one operator, comparison or integer changed) or quoted (as token, on a line the issue quotes "
+        "where it quotes one: level 0's issues)"))
     guided_imitation: float | None = Field(None, ge=0, le=10, description=(
         "swe: weight of a behaviour-cloning term on guided episodes' accepted calls, added to the policy loss "
         "whatever their advantage (0: the policy gradient alone); needs guided_call_share or guided_plan_share"))

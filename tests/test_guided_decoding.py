@@ -4,6 +4,7 @@ log-probability the trainer recomputes, leaves free rows untouched, and training
 into guided and free members while held-out episodes stay free."""
 
 import contextlib
+import json
 
 import pytest
 import torch
@@ -181,6 +182,38 @@ def test_a_token_edit_grammar_allows_only_one_token_changes_of_a_python_line(pol
                                                                replace="    ..."))   # "line" (the default) allows it
     with pytest.raises(ValueError, match="edit must be one of"):
         call_grammar(files, "edit", edit="word")
+
+
+def test_a_quoted_edit_grammar_names_only_the_line_the_issue_quotes(policy):
+    """``edit="quoted"``: level 0's issue quotes the wrong line, and a guided edit may then name only
+    that line (with one of its one-token variants); an issue that quotes no line of the file leaves
+    every line with a variant, as ``token`` does. Real level-0 and level-1 tasks of the generator."""
+    from evotrainer.domains import get_domain
+    from evotrainer.domains.swe.token_edits import quoted_texts
+
+    assert quoted_texts("The wrong line is line 3 of `a.py`: `    return x + 1`.") == {"a.py", "return x + 1"}
+    files = {**SOURCES, "pkg/other.py": "def h(y):\n    return y * 2\n"}
+    issue = "`f` is wrong. The wrong line is line 2 of `pkg/mod.py`: `return x + 1`."
+    quoted = call_grammar(files, "edit", edit="quoted", issue=issue)
+    assert _accepts(policy, quoted, _call("edit", path="pkg/mod.py", search="    return x + 1", replace="    return x - 1"))
+    assert not _accepts(policy, quoted, _call("edit", path="pkg/other.py", search="    return y * 2",
+                                              replace="    return y + 2"))
+    anywhere = call_grammar(files, "edit", edit="quoted", issue="`h` returns the wrong value")
+    assert anywhere == call_grammar(files, "edit", edit="token")
+    assert _accepts(policy, anywhere, _call("edit", path="pkg/other.py", search="    return y * 2", replace="    return y + 2"))
+
+    domain = get_domain("swe", n_train=4, n_heldout=5, n_test=5, difficulty=[0, 1], seed=0)
+    for task in domain.tasks("train"):
+        env = domain.environment(task)
+        bug = task.hidden["bug"]
+        path = f"{task.visible['package']}/{bug['module']}.py"
+        buggy = env.files[path].splitlines()[bug["line"] - 1]
+        schema = json.loads(env.call_grammar("edit", "quoted").split("%json ", 1)[1])
+        searches = {form["properties"]["args"]["properties"]["search"]["const"] for form in schema["oneOf"]}
+        if task.difficulty == 0:
+            assert searches == {buggy}, (task.id, searches)
+        else:
+            assert buggy in searches and len(searches) > 1, task.id
 
 
 @pytest.mark.parametrize("decoder", ["kv", "generate"])

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from swe_edit_probe import episode_row, removed_lines, table, variant_odds  # noqa: E402
@@ -114,15 +116,17 @@ def test_the_command_reads_version_directories_and_logs_one_that_never_trained(t
     assert bad.returncode != 0 and "no training episodes" in bad.stderr
 
 
-def test_the_level_zero_probe_config_is_a_run_the_cli_accepts():
-    """benchmarks/configs/swe_level0_probe.yaml: levels 0 and 1 in train, half of each group guided with
-    one-token edits, and knob values the reference SWE harness declares (else `evotrainer train` refuses)."""
+@pytest.mark.parametrize("name, form", [("swe_level0_probe", "token"), ("swe_level0_quoted_probe", "quoted")])
+def test_the_level_zero_probe_configs_are_runs_the_cli_accepts(name, form):
+    """benchmarks/configs/swe_level0_*probe.yaml: levels 0 and 1 in train, half of each group guided with
+    one-token (or quoted) edits, and knob values the reference SWE harness declares (else `evotrainer
+    train` refuses)."""
     from evotrainer.config import load_config
     from evotrainer.loop.seed import seed_program
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "benchmarks" / "configs" / "swe_level0_probe.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "benchmarks" / "configs" / f"{name}.yaml")
     program = seed_program(cfg)
-    assert program.knobs["guided_edit"]["value"] == "token" and program.knobs["guided_plan_share"]["value"] == 0.5
+    assert program.knobs["guided_edit"]["value"] == form and program.knobs["guided_plan_share"]["value"] == 0.5
     levels = {t.difficulty for t in get_domain("swe", n_train=cfg.domain.n_train, n_heldout=cfg.domain.n_heldout,
                                                n_test=cfg.domain.n_test, difficulty=cfg.domain.difficulty,
                                                seed=cfg.domain.seed).tasks("train")}

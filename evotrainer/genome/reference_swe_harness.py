@@ -43,7 +43,8 @@ KNOBS = {
     "mask_truncated_completions": {"value": False, "choices": [True, False]},
     "guided_call_share": {"value": 0.0, "choices": [0.0, 0.25, 0.5]},  # episodes decoded under the call grammar
     "guided_plan_share": {"value": 0.0, "choices": [0.0, 0.25, 0.5]},  # ... that read, edit, test, submit in turn
-    "guided_edit": {"value": "line", "choices": ["line", "token"]},  # a guided edit: any line, or a one-token change
+    # a guided edit: any line; a one-token change; a one-token change of a line the issue quotes (level 0)
+    "guided_edit": {"value": "line", "choices": ["line", "token", "quoted"]},
     # Behaviour cloning on guided episodes' accepted calls, whatever their reward: guidance alone trained
     # nothing where every group was dead. Inert while no episode is guided (the shares above are 0).
     "guided_imitation": {"value": 1.0, "choices": [0.0, 0.5, 1.0]},

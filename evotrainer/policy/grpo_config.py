@@ -42,7 +42,8 @@ class GRPOConfig:
     # policy still chooses the file, the line an edit replaces, the new text and the tests.
     guided_plan_share: float = 0.0
     # What a guided edit may write in place of the line it names: "line" any one line; "token" the
-    # line with one operator, comparison or integer changed (domains/swe/token_edits.py).
+    # line with one operator, comparison or integer changed (domains/swe/token_edits.py); "quoted" as
+    # "token", on a line the issue quotes where it quotes one (level 0).
     guided_edit: str = "line"
     # Episodes: the weight of a behaviour-cloning term on the tokens of guided episodes' accepted calls
     # (policy/imitation.py), added to the policy loss whatever their advantage: a step whose groups are

@@ -36,7 +36,8 @@ class SamplingParams:
     guided_call_share: float = 0.0
     # ... and the share decoded under it with the tool fixed turn by turn (read, edit, test, submit).
     guided_plan_share: float = 0.0
-    # ... and what a guided edit may write: "line" any one line, "token" a one-token change of it.
+    # ... and what a guided edit may write: "line" any one line, "token" a one-token change of it,
+    # "quoted" a one-token change of a line the issue quotes (where it quotes one).
     guided_edit: str = "line"
 
 

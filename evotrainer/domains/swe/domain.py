@@ -111,7 +111,7 @@ class SWEDomain(SandboxedDomain):
         """A tool environment over a scratch copy of the task's repository (and its history: the
         leak channel, present only in leaky train repositories), under ``limits`` or the domain's."""
         return SWEEnvironment(self.repo_files(task), task.visible.get("history"), self.executor,
-                              limits or self.episode_limits)
+                              limits or self.episode_limits, issue=task.visible.get("issue") or "")
 
     # -- grading -------------------------------------------------------------------------------
     def verify_batch(self, tasks: Sequence[Task], completions: Sequence[str]) -> list[dict[str, Any]]:

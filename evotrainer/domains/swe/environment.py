@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 from evotrainer.domains.code.executor import CodeExecutor
 from evotrainer.domains.swe.patching import PatchError, clean_path, diff_files
 from evotrainer.domains.swe.runner import collect_tests, run_many, runner_program
-from evotrainer.domains.swe.token_edits import EDIT_FORMS, token_variants
+from evotrainer.domains.swe.token_edits import EDIT_FORMS, quoted_texts, token_variants
 
 TOOL_RE = re.compile(r"```[ \t]*tool[ \t]*\n(.*?)```", re.S)
 TOOL_DOCS = {
@@ -86,7 +86,8 @@ def unique_lines(text: str) -> list[str]:
     return seen[:MAX_SEARCH_LINES]
 
 
-def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = None, edit: str = "line") -> str:
+def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = None, edit: str = "line",
+                 issue: str = "") -> str:
     """The form of one valid tool call, as a grammar (Lark with llguidance's ``%json``): the fenced
     block, a JSON object naming one tool with that tool's arguments, every path one of ``files``
     (the repository's) and every test path one of its test files. What a guided turn is decoded
@@ -96,7 +97,9 @@ def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = No
     replacement is the line itself: the environment refuses an edit that changes nothing).
     ``tool``: that tool only (a ``plan`` turn); else any. ``edit``: what the replacement may be, given
     the texts: ``line`` any one line, ``token`` one of the search line's one-token variants
-    (``token_edits.py``; only lines that have one can be named)."""
+    (``token_edits.py``; only lines that have one can be named), ``quoted`` as ``token`` with the
+    search line one that ``issue`` quotes where it quotes any (level 0's issue quotes the wrong line:
+    the rung gives the line, so the policy learns the change), else as ``token``."""
     if edit not in EDIT_FORMS:
         raise ValueError(f"edit must be one of {EDIT_FORMS}, not {edit!r}")
     paths = sorted(files)
@@ -113,9 +116,11 @@ def call_grammar(files: Sequence[str] | Mapping[str, str], tool: str | None = No
         # one line replaces one line: a guided edit keeps the file's line structure
         one_line = {"type": "string", "pattern": "^[^\\n]*$"}
         sources = [(p, unique_lines(files[p])) for p in paths if not is_test_path(p)]
-        if edit == "token":   # one alternative per Python line: its replacement is one of that line's variants
+        if edit in ("token", "quoted"):   # one alternative per Python line: its replacement is one of its variants
             forms = [{"path": {"const": p}, "search": {"const": ln}, "replace": {"enum": variants}}
                      for p, lines in sources if p.endswith(".py") for ln in lines if (variants := token_variants(ln))]
+            quoted = quoted_texts(issue) if edit == "quoted" else set()
+            forms = [f for f in forms if f["search"]["const"].strip() in quoted] or forms
         else:
             forms = [{"path": {"const": p}, "search": {"enum": lines}, "replace": one_line}
                      for p, lines in sources if lines]
@@ -148,8 +153,9 @@ class ToolError(Exception):
 
 class SWEEnvironment:
     def __init__(self, files: dict[str, str], history: list[dict[str, str]] | None = None,
-                 executor: CodeExecutor | None = None, limits: EnvLimits | None = None) -> None:
+                 executor: CodeExecutor | None = None, limits: EnvLimits | None = None, issue: str = "") -> None:
         self.base = dict(files)
+        self.issue = issue   # the issue's text: what a ``quoted`` guided edit may name (call_grammar)
         self.files = dict(files)
         self.history = list(history or [])
         self.limits = limits or EnvLimits()
@@ -176,7 +182,7 @@ class SWEEnvironment:
     def call_grammar(self, tool: str | None = None, edit: str = "line") -> str:
         """:func:`call_grammar` over this repository's files as they are now (``tool``: that tool only;
         ``edit``: the form of an edit's replacement)."""
-        return call_grammar(self.files, tool, edit)
+        return call_grammar(self.files, tool, edit, self.issue)
 
     def diff(self) -> str:
         return diff_files(self.base, self.files)

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import io
 import keyword
+import re
 import tokenize
 
-EDIT_FORMS = ("line", "token")   # what a guided edit may write: any one line, or a one-token variant
+# What a guided edit may write: any one line; a one-token variant of a line; or a one-token variant of a
+# line the issue quotes (``quoted``: level 0's issue quotes the wrong line; where the issue quotes no
+# line of the file, as at level 1, ``quoted`` is ``token``).
+EDIT_FORMS = ("line", "token", "quoted")
 ARITHMETIC = ("+", "-", "*", "/", "//", "%")
 COMPARISON = ("<", "<=", ">", ">=", "==", "!=")
 MAX_VARIANTS = 40   # per line: bounds the grammar (the longest level-1 line has 30)
@@ -56,6 +60,11 @@ def _alternatives(tok: tokenize.TokenInfo, prev: tokenize.TokenInfo | None) -> l
         value = int(tok.string)
         return [str(v) for v in (value - 1, value + 1) if v >= 0]
     return []
+
+
+def quoted_texts(issue: str) -> set[str]:
+    """The texts an issue quotes in backticks, stripped (``The wrong line is ...: `x = 1`.``)."""
+    return {q.strip() for q in re.findall(r"`([^`\n]+)`", issue or "") if q.strip()}
 
 
 def token_variants(line: str) -> list[str]:

@@ -139,8 +139,8 @@ def _guided_calls(cfg: Config, engine: str) -> None:
         if engine == "vllm":
             raise ConfigError(f"field 'grpo.{name}': {share} needs engine: transformers (vLLM's structured "
                               "outputs report the masked distribution's logprobs); set engine: transformers or the share to 0")
-    if cfg.grpo.guided_edit == "token" and not any(shares.values()):   # else it would change nothing, silently
-        raise ConfigError("field 'grpo.guided_edit': token shapes guided edits, and no episode is guided "
+    if cfg.grpo.guided_edit in ("token", "quoted") and not any(shares.values()):   # else it changes nothing, silently
+        raise ConfigError(f"field 'grpo.guided_edit': {cfg.grpo.guided_edit} shapes guided edits, and no episode is guided "
                           "(guided_call_share and guided_plan_share are 0); raise one of them or remove guided_edit")
     # Set here, it asks for imitation, which nothing guided would silently drop. The SWE harness's own
     # knob is on by default and inert until a child guides some episodes.
