@@ -42,7 +42,7 @@ def edit_calls(rollout: dict) -> list[dict]:
             if c.get("name") == "edit" and not c.get("error")]
 
 
-def episode_row(rollout: dict, bug: dict, buggy_line: str, edit_form: str = "line",
+def episode_row(rollout: dict, buggy_line: str, edit_form: str = "line",
                 fixed_line: str | None = None) -> dict:
     """One training episode: its level, whether it was guided (and its guided edits' form), what its
     accepted edit calls wrote (on the bug's line; the fix itself, ``fixed_line``), and what its
@@ -150,7 +150,7 @@ def main() -> None:
             path = f"{task.visible['package']}/{bug['module']}.py"
             buggy_line = task.visible["files"][path].splitlines()[bug["line"] - 1].strip()
             fixed_line = TEMPLATES[bug["module"]]["source"].splitlines()[bug["line"] - 1].strip()
-            rows.append(dict(episode_row(r, bug, buggy_line, form, fixed_line), version=str(version)))
+            rows.append(dict(episode_row(r, buggy_line, form, fixed_line), version=str(version)))
     if not rows:
         raise SystemExit("no training episodes in the versions given: give version directories that training wrote")
     summary = table(rows)

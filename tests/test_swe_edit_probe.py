@@ -50,17 +50,17 @@ def test_the_fix_and_a_breaking_edit_of_the_bugs_line_are_told_apart_by_level_an
     refused = {"name": "edit", "args": {"path": path, "search": buggy_raw, "replace": fixed_raw}, "error": "no such line"}
     vandal_call = {"name": "edit", "args": {"path": path, "search": buggy_raw, "replace": "this line is wrong!"},
                    "error": None}
-    fixed = episode_row(_episode(domain, task, task.answer, 0, True, [refused, fix_call]), bug, buggy, "token",
+    fixed = episode_row(_episode(domain, task, task.answer, 0, True, [refused, fix_call]), buggy, "token",
                         fixed_raw.strip())
-    broken = episode_row(_episode(domain, task, breaking, 0, False, [vandal_call]), bug, buggy, "line",
+    broken = episode_row(_episode(domain, task, breaking, 0, False, [vandal_call]), buggy, "line",
                          fixed_raw.strip())
     assert fixed["edit_call"] and fixed["call_on_bug_line"] and fixed["call_writes_fix"]
     assert broken["edit_call"] and broken["call_on_bug_line"] and not broken["call_writes_fix"]
-    only_refused = episode_row(_episode(domain, task, "", 1, True, [refused]), bug, buggy, "token", fixed_raw.strip())
+    only_refused = episode_row(_episode(domain, task, "", 1, True, [refused]), buggy, "token", fixed_raw.strip())
     assert not only_refused["edit_call"] and not only_refused["call_writes_fix"]
     signature = {"name": "edit", "args": {"path": path, "search": "def f(x, n=3):", "replace": "def f(x, n=4):"},
                  "error": None}
-    on_def = episode_row(_episode(domain, task, "", 1, True, [signature]), bug, buggy, "token", fixed_raw.strip())
+    on_def = episode_row(_episode(domain, task, "", 1, True, [signature]), buggy, "token", fixed_raw.strip())
     assert on_def["edit_call"] and on_def["call_def_line"] and not on_def["call_on_bug_line"]
     assert not fixed["call_def_line"]
     assert fixed["level"] == 0 and fixed["resolved"] and fixed["on_bug_line"] and not fixed["breaks_passing"]
@@ -73,7 +73,7 @@ def test_the_fix_and_a_breaking_edit_of_the_bugs_line_are_told_apart_by_level_an
 
     # an episode that handed in nothing did not edit
     idle = episode_row({"task_id": task.id, "group": 1, "visible": {"patch_applied": False},
-                        "episode": {"patch": ""}}, bug, buggy)
+                        "episode": {"patch": ""}}, buggy)
     assert not idle["edited"] and not idle["on_bug_line"] and not idle["breaks_passing"]
 
 
