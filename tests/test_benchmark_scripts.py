@@ -170,6 +170,21 @@ def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks
     assert "greedy gate MDE" in text and "128 tasks" in text
 
 
+def test_headroom_keeps_the_recorded_token_edit_variant_beside_the_entrys_quoted_move():
+    """The library's edit entry now moves to `quoted`; the runs of 2026-12-05 named `swe_guided_token_edits`
+    trained `token`, and that name still builds what they ran, beside the entry's own move."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import headroom
+    from evotrainer.genome.program import HarnessProgram
+    from evotrainer.loop.seed import DOMAIN_HARNESSES
+
+    seed = HarnessProgram.from_file(DOMAIN_HARNESSES["swe"])
+    assert headroom.build_variant("swe_guided_token_edits", seed).knobs["guided_edit"]["value"] == "token"
+    assert headroom.build_variant("swe_guided_quoted_edits", seed).knobs["guided_edit"]["value"] == "quoted"
+    with pytest.raises(SystemExit, match="unknown variant"):
+        headroom.build_variant("swe_guided_nothing", seed)
+
+
 def test_gpu_loop_runs_two_generations_on_both_engines_on_the_cpu(tmp_path):
     """The device script (benchmarks/gpu_loop.py) on the tiny architecture: every step learns (the random
     model answers nothing right), trained adapters reach vLLM's applied check and pass it."""

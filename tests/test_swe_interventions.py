@@ -297,7 +297,8 @@ def test_engine_episode_metrics():
 
 def test_guided_patches_that_break_tests_fire_the_one_token_edit():
     """What the grounded plan runs' guided edits did (headroom_swe_grounded_kept6: 41 of 41 applied ones
-    broke a passing test): the engine metric says so, and the library answers with ``guided_edit: token``."""
+    broke a passing test): the engine metric says so, and the library answers with ``guided_edit: quoted``
+    (``token`` where the issue quotes no line)."""
     def guided(broken):
         r = episode([ACCEPTED, EDIT], submitted=True)
         r.episode = {**r.episode, "guided": True}
@@ -311,9 +312,14 @@ def test_guided_patches_that_break_tests_fire_the_one_token_edit():
     found, skipped = op.applicable(SWE, Evidence(health_report=breaking))
     hit = [a for a in found if a.entry.id == "swe_guided_token_edits"]
     assert hit, skipped
-    iv = propose_entry("library", SWE, hit[0].entry, {"value": "token"}, Evidence(health_report=breaking))
+    iv = propose_entry("library", SWE, hit[0].entry, {"value": "quoted"}, Evidence(health_report=breaking))
     child = HarnessProgram(iv.child_source)
-    assert factors_changed(SWE, child) == ["knob:guided_edit"] and child.knobs["guided_edit"]["value"] == "token"
+    assert factors_changed(SWE, child) == ["knob:guided_edit"] and child.knobs["guided_edit"]["value"] == "quoted"
+    # a parent already at `token` (guided edits that still break: a def line's default changed) moves on to
+    # `quoted`; one at `quoted` has nothing left for the entry to propose
+    entry = hit[0].entry
+    assert entry.options(SWE.with_knobs(guided_edit="token")) == {"value": ["quoted"]}
+    assert "differs from the parent's" in entry.unavailable(SWE.with_knobs(guided_edit="quoted"))
     kept = {"metrics": {**PLAN_REPORT["metrics"], "train_guided_breaking_rate": 0.2}}
     assert "swe_guided_token_edits" not in {a.entry.id for a in op.applicable(SWE, Evidence(health_report=kept))[0]}
     assert "swe_guided_token_edits" not in {a.entry.id for a in op.applicable(SWE, Evidence(health_report=SWE_REPORT))[0]}

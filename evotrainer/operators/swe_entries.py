@@ -24,7 +24,8 @@ every group is dead and no gradient step is taken. The entries answer the report
   through the plan a fix takes (``guided_plan_share``: read, edit, run the tests, submit), so some
   episodes make the progress a progress credit pays for;
 - guided edits that break the tests (the policy's replacement line is ``...`` or prose): a guided edit
-  that changes one token of the line it names (``guided_edit: token``), so its patch keeps the module.
+  that changes one token of a line, the line the issue quotes where it quotes one (``guided_edit:
+  quoted``), so its patch keeps the module and, on a level-0 issue, lands on the bug's line.
 
 A form credit invites its own hack (valid calls that make no progress): the engine's episode check
 (``fitness/validity.py``, ``episode_progress``) marks a branch invalid when its shaped reward rises on
@@ -208,16 +209,19 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "guided exploration over tools: grammar-constrained decoding (Geng et al., 2023) of a scripted workflow",
         move=KnobMove("guided_plan_share"), episodes_only=True),
     LibraryEntry(
-        "swe_guided_token_edits", "knob (episodes): a guided edit changes one token of the line it names",
+        "swe_guided_token_edits", "knob (episodes): a guided edit changes one token of the line the issue quotes, else of any line",
         "knob:guided_edit", (when("train_guided_breaking_rate", ">", 0.5),),
-        "If guided_edit goes from {old} to {new} (a guided edit writes the line it names with one operator, "
-        "comparison or integer changed, in place of any line), fewer guided patches break passing tests and some "
-        "resolve, because the policy's own replacement lines (`...`, prose) break the module, while a one-token "
-        "change keeps it importable, so whether an edit helps depends on the line and token chosen; the policy "
+        "If guided_edit goes from {old} to {new} (a guided edit writes a line with one operator, comparison or "
+        "integer changed, in place of any line, and where the issue quotes a line, only that line), fewer guided "
+        "patches break passing tests and some resolve, because the policy's own replacement lines (`...`, prose) "
+        "break the module, while a one-token change keeps it importable, and a quoted line is the bug's; the policy "
         "gradient then reinforces edits that keep the tests, not vandalism.",
         ExpectedEffect("train_guided_breaking_rate", "delta<", 0.0),
         "grammar-constrained decoding over a local edit space (one-token program repair, as in mutation-based APR)",
-        move=KnobMove("guided_edit", to="token"), episodes_only=True),
+        # quoted, not token: the two differ only where the issue quotes a line (level 0, a curriculum's rung),
+        # and there, untrained, a token edit took the file's first `def` line with a default value (1 of 16
+        # on the bug's line) where a quoted one took the bug's line 16 of 16 (docs/benchmarks/swe.md).
+        move=KnobMove("guided_edit", to="quoted"), episodes_only=True),
     LibraryEntry(
         "swe_call_form_credit", "reward (episodes): graded credit for the tool-call format, capped below a resolution",
         "hook:reward", (when("tool_failure_rate", ">", 0.3), when("dead_group_ratio", ">", 0.5)),
