@@ -10,6 +10,7 @@ looked at it. Nothing in a run sees the test split.
     python benchmarks/suite.py run                        # everything not yet run, seed by seed
     python benchmarks/suite.py run --settings math-learns --seeds 0,1
     python benchmarks/suite.py summary                    # suite_summary.json, the README's table, the ledger
+    python benchmarks/suite.py plan --draw 55             # what a draw has left, with its time from the rows' walls
 
 Raw output: one JSON per setting in ``benchmarks/results/suite_ds<DOMAIN_SEED>/`` (each run's row as it finishes, so a
 stopped suite resumes where it was, with the commit and config hash of the code that ran it, and every
@@ -294,8 +295,16 @@ def main() -> None:
     sm.add_argument("--draw", type=int, default=None, metavar="DOMAIN_SEED",
                     help="summarise a fresh draw's rows instead (printed and written beside them; the README "
                          "keeps the suite's table)")
+    pl = sub.add_parser("plan", help="what a draw has left to run, with the time it takes from its rows' walls")
+    pl.add_argument("--draw", type=int, default=None, metavar="DOMAIN_SEED", help="a fresh draw's rows (default: the suite's)")
+    pl.add_argument("--settings", default=None, help=f"of {', '.join(SETTINGS)} (default: all)")
+    pl.add_argument("--modes", default=None, help=f"of {', '.join(MODES)} (default: all)")
     args = ap.parse_args()
-    if args.command == "run":
+    if args.command == "plan":
+        from suite_plan import main as plan_main
+
+        plan_main(draw_results(args.draw) if args.draw is not None else None, args.settings, args.modes)
+    elif args.command == "run":
         names = args.settings.split(",")
         unknown = [n for n in names if n not in SETTINGS]
         if unknown:

@@ -227,3 +227,33 @@ def test_the_prior_transfer_table_pairs_each_arm_by_seed_on_the_seeds_both_ran(t
     assert out["delta"]["left out - none"]["per_seed"] == {"0": 0.05, "1": 0.25}    # seed 2: only one arm ran it
     assert out["delta"]["shipped - none"]["per_seed"] == {"0": 0.0, "1": -0.1}
     assert out["delta"]["left out - shipped"]["mean"] == 0.2
+
+
+def test_the_plan_counts_what_is_left_and_times_it_from_the_rows(tmp_path):
+    """Missing seeds per setting and mode, each timed from the nearest rows: this draw's, else another
+    draw's of the same mode; a setting nothing has timed is counted apart, never as free."""
+    from suite_plan import plan, plan_table
+
+    def rows(path: Path, setting: str, runs: dict) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / f"{setting}.json").write_text(json.dumps({"setting": setting, "runs": runs}))
+
+    rows(tmp_path / "suite_ds77", "math-learns", {"reference": [{"seed": 0, "wall_s": 600.0}, {"seed": 1, "wall_s": 1200.0}]})
+    rows(tmp_path / "suite_ds78", "math-learns", {"evolve": [{"seed": 0, "wall_s": 300.0}]})
+    p = plan(tmp_path / "suite_ds77", ["math-learns", "code-humaneval"], ["reference", "evolve"])
+    by = {(x["setting"], x["mode"]): x for x in p["lines"]}
+    ref, evo = by["math-learns", "reference"], by["math-learns", "evolve"]
+    assert ref["done"] == [0, 1] and ref["missing"] == [2, 3, 4] and ref["per_run_s"] == 900.0
+    assert ref["source"].startswith("this draw") and evo["source"].startswith("other draws")
+    assert evo["missing"] == [0, 1, 2, 3, 4] and evo["left_s"] == 1500.0
+    assert by["code-humaneval", "evolve"]["per_run_s"] is None and p["unmeasured_runs"] == 10
+    assert p["left_s"] == 900.0 * 3 + 1500.0 and p["recorded_s"] == 1800.0
+    assert p["runs_done"] == 2 and p["runs_planned"] == 20
+    text = plan_table(p)
+    assert "2 of 20 runs done" in text and "plus 10 run(s) of settings no run has timed yet" in text
+
+
+def test_the_plan_refuses_an_unknown_setting_by_name(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "plan", "--settings", "math-nope"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "unknown ['math-nope']" in out.stderr and "Traceback" not in out.stderr
