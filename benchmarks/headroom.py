@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from evotrainer.config import load_config
 from evotrainer.genome.program import HarnessProgram
 from evotrainer.loop.seed import seed_program
+from evotrainer.operators.base import OperatorError
 from evotrainer.operators.library import default_entries
 
 from headroom_report import SAMPLED_K, SAMPLED_TASKS, episode_scores, fires, report, signals, versus  # noqa: E402
@@ -106,7 +107,10 @@ def build_variant(name: str, seed: HarnessProgram) -> HarnessProgram:
         reason = entry.unavailable(program)
         if reason:
             raise SystemExit(f"variant {name}: {entry_id} does not apply ({reason})")
-        program = entry.apply(program, params)
+        try:
+            program = entry.apply(program, params)
+        except OperatorError as err:   # a knob move relative to another seed's value, say: name it, no traceback
+            raise SystemExit(f"variant {name}: {part} does not apply to this config's seed ({err})") from err
     return program
 
 

@@ -183,6 +183,9 @@ def test_headroom_keeps_the_recorded_token_edit_variant_beside_the_entrys_quoted
     assert headroom.build_variant("swe_guided_quoted_edits", seed).knobs["guided_edit"]["value"] == "quoted"
     with pytest.raises(SystemExit, match="unknown variant"):
         headroom.build_variant("swe_guided_nothing", seed)
+    # a seed that already steps at 4e-4 (examples/evolve_swe.yaml), the value this variant reaches from 1e-4
+    with pytest.raises(SystemExit, match="swe_raise_learning_rate does not apply to this config's seed"):
+        headroom.build_variant("swe_raise_learning_rate", seed.with_knobs(learning_rate=4e-4))
 
 
 def test_gpu_loop_runs_two_generations_on_both_engines_on_the_cpu(tmp_path):
