@@ -231,29 +231,40 @@ def test_the_prior_transfer_table_pairs_each_arm_by_seed_on_the_seeds_both_ran(t
 
 def test_the_plan_counts_what_is_left_and_times_it_from_the_rows(tmp_path):
     """Missing seeds per setting and mode, each timed from the nearest rows: this draw's, else another
-    draw's of the same mode; a setting nothing has timed is counted apart, never as free."""
+    draw's of the same mode, else the setting's other modes; a setting nothing has timed is counted
+    apart, never as free. Variant folders of a draw are not other draws; a seed recorded twice is one."""
     from suite_plan import plan, plan_table
 
-    def rows(path: Path, setting: str, runs: dict) -> None:
+    def rows(path: Path, setting: str, runs: dict, untrained_s: float | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        (path / f"{setting}.json").write_text(json.dumps({"setting": setting, "runs": runs}))
+        extra = {"untrained": {"wall_s": untrained_s}} if untrained_s is not None else {}
+        (path / f"{setting}.json").write_text(json.dumps({"setting": setting, "runs": runs, **extra}))
 
-    rows(tmp_path / "suite_ds77", "math-learns", {"reference": [{"seed": 0, "wall_s": 600.0}, {"seed": 1, "wall_s": 1200.0}]})
+    rows(tmp_path / "suite_ds77", "math-learns", {"reference": [{"seed": 0, "wall_s": 600.0}, {"seed": 1, "wall_s": 1200.0},
+                                                                {"seed": 1, "wall_s": 1200.0}]}, untrained_s=60.0)
     rows(tmp_path / "suite_ds78", "math-learns", {"evolve": [{"seed": 0, "wall_s": 300.0}]})
-    p = plan(tmp_path / "suite_ds77", ["math-learns", "code-humaneval"], ["reference", "evolve"])
+    rows(tmp_path / "suite_ds78_prior_null", "math-learns", {"evolve": [{"seed": 0, "wall_s": 9000.0}]})
+    rows(tmp_path / "suite_ds78", "code-2", {"reference": [{"seed": 0, "wall_s": 1000.0}]}, untrained_s=120.0)
+    p = plan(tmp_path / "suite_ds77", ["math-learns", "code-2", "code-humaneval"], ["reference", "evolve"])
     by = {(x["setting"], x["mode"]): x for x in p["lines"]}
     ref, evo = by["math-learns", "reference"], by["math-learns", "evolve"]
-    assert ref["done"] == [0, 1] and ref["missing"] == [2, 3, 4] and ref["per_run_s"] == 900.0
-    assert ref["source"].startswith("this draw") and evo["source"].startswith("other draws")
+    assert ref["done"] == [0, 1] and ref["missing"] == [2, 3, 4] and ref["per_run_s"] == 1000.0
+    assert ref["source"].startswith("this draw") and evo["source"] == "other draws, 1 run(s)"
     assert evo["missing"] == [0, 1, 2, 3, 4] and evo["left_s"] == 1500.0
+    code_evo = by["code-2", "evolve"]
+    assert code_evo["per_run_s"] == 1000.0 and code_evo["source"].startswith("its other modes")
     assert by["code-humaneval", "evolve"]["per_run_s"] is None and p["unmeasured_runs"] == 10
-    assert p["left_s"] == 900.0 * 3 + 1500.0 and p["recorded_s"] == 1800.0
-    assert p["runs_done"] == 2 and p["runs_planned"] == 20
+    # math-learns 3 x 1000 + 1500; code-2 10 x 1000 and its untrained score (120, from draw 78)
+    assert p["left_s"] == 3000.0 + 1500.0 + 10_000.0 + 120.0
+    assert p["recorded_s"] == 600.0 + 2400.0 + 60.0   # every recorded row's wall, and this draw's untrained score
+    assert p["runs_done"] == 2 and p["runs_planned"] == 30
     text = plan_table(p)
-    assert "2 of 20 runs done" in text and "plus 10 run(s) of settings no run has timed yet" in text
+    assert "2 of 30 runs done" in text and "plus 10 run(s) of settings no run has timed yet" in text
 
 
-def test_the_plan_refuses_an_unknown_setting_by_name(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "plan", "--settings", "math-nope"],
-                         capture_output=True, text=True)
+def test_the_plan_refuses_an_unknown_setting_and_a_draw_with_no_rows():
+    suite = [sys.executable, str(ROOT / "benchmarks" / "suite.py"), "plan"]
+    out = subprocess.run(suite + ["--settings", "math-nope"], capture_output=True, text=True)
     assert out.returncode != 0 and "unknown ['math-nope']" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run(suite + ["--draw", "9999"], capture_output=True, text=True)
+    assert out.returncode != 0 and "no run of that draw has started" in out.stderr and "Traceback" not in out.stderr
