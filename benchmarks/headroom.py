@@ -79,10 +79,8 @@ SWE_SINGLES: dict[str, tuple[str, dict]] = {
     "swe_progress_credit": ("swe_progress_credit", {"credit": 0.3}),
     "swe_guided_tool_plan": ("swe_guided_tool_plan", {"value": 0.5}),
     "swe_grounded_calls_prompt": ("swe_grounded_calls_prompt", {}),
-    # the entry's move before it became `quoted` (the same edit wherever the issue quotes no line: level 1);
-    # the runs of 2026-12-05 used it, so it stays a plain knob value
-    "swe_guided_token_edits": ("knob:guided_edit", {"value": "token"}),
-    "swe_guided_quoted_edits": ("swe_guided_token_edits", {"value": "quoted"}),
+    "swe_guided_token_edits": ("swe_guided_token_edits", {"value": "token"}),
+    "swe_guided_quoted_edits": ("swe_guided_quoted_edits", {"value": "quoted"}),
     # groups of 4 (the SWE example's 2, x2): with a plan share of 0.5, two guided members a group, so
     # guided edits are compared with each other and not only with a free member
     "swe_more_generations": ("more_generations", {"value": 4}),
@@ -100,9 +98,6 @@ def build_variant(name: str, seed: HarnessProgram) -> HarnessProgram:
         if part not in known:
             raise SystemExit(f"unknown variant {part!r}; known: reference, {', '.join(known)}")
         entry_id, params = known[part]
-        if entry_id.startswith("knob:"):   # a knob value no entry proposes any more
-            program = program.with_knobs(**{entry_id.removeprefix("knob:"): params["value"]})
-            continue
         entry = entries[entry_id]
         reason = entry.unavailable(program)
         if reason:

@@ -170,9 +170,9 @@ def test_signals_credit_a_signal_only_where_it_points_the_way_of_the_other_tasks
     assert "greedy gate MDE" in text and "128 tasks" in text
 
 
-def test_headroom_keeps_the_recorded_token_edit_variant_beside_the_entrys_quoted_move():
-    """The library's edit entry now moves to `quoted`; the runs of 2026-12-05 named `swe_guided_token_edits`
-    trained `token`, and that name still builds what they ran, beside the entry's own move."""
+def test_headroom_builds_both_edit_forms_and_names_a_variant_that_does_not_apply():
+    """`token` and `quoted` guided edits are two variants; a variant the config's seed cannot take is a
+    named error, not a traceback."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import headroom
     from evotrainer.genome.program import HarnessProgram

@@ -191,7 +191,7 @@ def test_a_quoted_edit_grammar_names_only_the_line_the_issue_quotes(policy):
     from evotrainer.domains import get_domain
     from evotrainer.domains.swe.token_edits import quoted_texts
 
-    assert quoted_texts("The wrong line is line 3 of `a.py`: `    return x + 1`.") == {"a.py", "return x + 1"}
+    assert quoted_texts("The wrong line is line 3 of `a.py`: `    return x + 1`; expected `1`.") == {"return x + 1"}
     files = {**SOURCES, "pkg/other.py": "def h(y):\n    return y * 2\n"}
     issue = "`f` is wrong. The wrong line is line 2 of `pkg/mod.py`: `return x + 1`."
     quoted = call_grammar(files, "edit", edit="quoted", issue=issue)

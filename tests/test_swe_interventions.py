@@ -297,29 +297,38 @@ def test_engine_episode_metrics():
 
 def test_guided_patches_that_break_tests_fire_the_one_token_edit():
     """What the grounded plan runs' guided edits did (headroom_swe_grounded_kept6: 41 of 41 applied ones
-    broke a passing test): the engine metric says so, and the library answers with ``guided_edit: quoted``
-    (``token`` where the issue quotes no line)."""
-    def guided(broken):
+    broke a passing test): the engine metric says so, and the library answers with ``guided_edit: token``,
+    or ``quoted`` where training issues quote an editable line (a level-0 rung): never both, since where
+    no issue quotes such a line the two are one edit and a child would train exactly as its control."""
+    def guided(broken, quotes=False):
         r = episode([ACCEPTED, EDIT], submitted=True)
-        r.episode = {**r.episode, "guided": True}
+        r.episode = {**r.episode, "guided": True, "quotes_line": quotes}
         r.visible = {**r.visible, "patch_applied": True, "pass_to_pass": {"t0": {"passed": not broken}}}
         return r
-    m = episode_metrics([guided(True), guided(True), guided(False), episode([PROSE])], "train_")
+    m = episode_metrics([guided(True, quotes=True), guided(True), guided(False), episode([PROSE])], "train_")
     assert m["train_guided_breaking_rate"] == pytest.approx(2 / 3)
+    assert m["train_quoted_line_rate"] == pytest.approx(1 / 4)   # of all four episodes: the tasks', not the policy's
     assert "train_guided_breaking_rate" not in episode_metrics([episode([PROSE])], "train_")
     op = get_operator("library")
-    breaking = {"metrics": {**PLAN_REPORT["metrics"], "train_guided_breaking_rate": 0.9}}
-    found, skipped = op.applicable(SWE, Evidence(health_report=breaking))
-    hit = [a for a in found if a.entry.id == "swe_guided_token_edits"]
-    assert hit, skipped
-    iv = propose_entry("library", SWE, hit[0].entry, {"value": "quoted"}, Evidence(health_report=breaking))
+
+    def fired(quoted_rate, breaking=0.9):
+        report = {"metrics": {**PLAN_REPORT["metrics"], "train_guided_breaking_rate": breaking,
+                              "train_quoted_line_rate": quoted_rate}}
+        found, skipped = op.applicable(SWE, Evidence(health_report=report))
+        return {a.entry.id: a.entry for a in found} , report
+
+    level1, report = fired(0.0)
+    assert "swe_guided_token_edits" in level1 and "swe_guided_quoted_edits" not in level1
+    iv = propose_entry("library", SWE, level1["swe_guided_token_edits"], {"value": "token"}, Evidence(health_report=report))
     child = HarnessProgram(iv.child_source)
-    assert factors_changed(SWE, child) == ["knob:guided_edit"] and child.knobs["guided_edit"]["value"] == "quoted"
-    # a parent already at `token` (guided edits that still break: a def line's default changed) moves on to
-    # `quoted`; one at `quoted` has nothing left for the entry to propose
-    entry = hit[0].entry
-    assert entry.options(SWE.with_knobs(guided_edit="token")) == {"value": ["quoted"]}
-    assert "differs from the parent's" in entry.unavailable(SWE.with_knobs(guided_edit="quoted"))
-    kept = {"metrics": {**PLAN_REPORT["metrics"], "train_guided_breaking_rate": 0.2}}
-    assert "swe_guided_token_edits" not in {a.entry.id for a in op.applicable(SWE, Evidence(health_report=kept))[0]}
+    assert factors_changed(SWE, child) == ["knob:guided_edit"] and child.knobs["guided_edit"]["value"] == "token"
+    level0, report = fired(0.5)
+    assert "swe_guided_quoted_edits" in level0 and "swe_guided_token_edits" not in level0
+    iv = propose_entry("library", SWE, level0["swe_guided_quoted_edits"], {"value": "quoted"}, Evidence(health_report=report))
+    assert HarnessProgram(iv.child_source).knobs["guided_edit"]["value"] == "quoted"
+    # from `token` (guided edits on def lines still break the tests) the quoted move is open; at `quoted`, nothing is
+    quoted = level0["swe_guided_quoted_edits"]
+    assert quoted.options(SWE.with_knobs(guided_edit="token")) == {"value": ["quoted"]}
+    assert "differs from the parent's" in quoted.unavailable(SWE.with_knobs(guided_edit="quoted"))
+    assert not {"swe_guided_token_edits", "swe_guided_quoted_edits"} & set(fired(0.5, breaking=0.2)[0])
     assert "swe_guided_token_edits" not in {a.entry.id for a in op.applicable(SWE, Evidence(health_report=SWE_REPORT))[0]}

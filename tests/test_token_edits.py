@@ -62,3 +62,24 @@ def test_every_level_1_fix_is_a_variant_of_the_buggy_line_when_an_edit_can_name_
             nameable += 1
             assert after in token_variants(before), bug.key
     assert nameable >= 70
+
+
+def test_an_environment_says_whether_its_issue_quotes_a_line_a_token_edit_can_change():
+    """Where `quoted` and `token` guided edits differ, read by the report (``quoted_line_rate``): every
+    level-0 issue of the generator quotes its wrong line; no level-1, 2 or 3 issue quotes an editable line,
+    though they quote calls and names. An episode's record carries it."""
+    from evotrainer.domains import get_domain
+    from evotrainer.domains.swe.environment import SWEEnvironment
+
+    curriculum = get_domain("swe", n_train=24, n_heldout=5, n_test=5, difficulty=[0, 1], seed=3)
+    levels = {0: [], 1: []}
+    for task in curriculum.tasks("train") + curriculum.tasks("heldout"):
+        levels[task.difficulty].append(curriculum.environment(task).quotes_a_line)
+    assert levels[0] and all(levels[0]) and levels[1] and not any(levels[1])
+    for level in (2, 3):
+        domain = get_domain("swe", n_train=8, n_heldout=5, n_test=5, difficulty=level, seed=3)
+        assert not any(domain.environment(t).quotes_a_line for t in domain.tasks("train"))
+    files = {"pkg/mod.py": "def f(x):\n    return x + 1\n", "tests/test_mod.py": "def test_f():\n    assert f(1) == 2\n"}
+    assert SWEEnvironment(files, issue="The wrong line: `return x + 1`.").quotes_a_line
+    assert not SWEEnvironment(files, issue="`f(1)` returns the wrong value").quotes_a_line
+    assert not SWEEnvironment(files, issue="The test line: `assert f(1) == 2`.").quotes_a_line   # a test file's line

@@ -100,7 +100,8 @@ def guided(r: Rollout) -> bool:
 
 def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | None]:
     """Valid-call and repeated-call rates (of all calls), and the shares of episodes that edited, ran
-    tests, made progress: the policy's own, so of the free episodes where there are any; and, when some
+    tests, made progress: the policy's own, so of the free episodes where there are any; the share of
+    all episodes whose issue quotes an editable line (``quoted_line_rate``); and, when some
     were guided, the share of the guided ones that made progress (``guided_progress_rate``) and that
     handed in a patch breaking a test that passed before (``guided_breaking_rate``: what the guided
     edits write)."""
@@ -115,7 +116,10 @@ def episode_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float | N
            f"{prefix}repeat_call_rate": sum(repeated_calls(r) for r in eps) / calls if calls else 0.0,
            f"{prefix}edit_rate": mean([edited(r) for r in eps]),
            f"{prefix}test_run_rate": mean([ran_tests(r) for r in eps]),
-           f"{prefix}progress_rate": mean([progress(r) for r in eps])}
+           f"{prefix}progress_rate": mean([progress(r) for r in eps]),
+           # issues that quote a line a one-token edit can change (a level-0 rung): where `quoted` guided
+           # edits differ from `token` ones; of all episodes, guided or not (it is the tasks', not the policy's)
+           f"{prefix}quoted_line_rate": mean([bool((r.episode or {}).get("quotes_line")) for r in episodes])}
     if steered:   # what guidance (a plan) makes happen: progress a reward may or may not pay for
         out[f"{prefix}guided_progress_rate"] = mean([progress(r) for r in steered])
         out[f"{prefix}guided_breaking_rate"] = mean([broke_tests(r) for r in steered])

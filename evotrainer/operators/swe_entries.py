@@ -24,8 +24,9 @@ every group is dead and no gradient step is taken. The entries answer the report
   through the plan a fix takes (``guided_plan_share``: read, edit, run the tests, submit), so some
   episodes make the progress a progress credit pays for;
 - guided edits that break the tests (the policy's replacement line is ``...`` or prose): a guided edit
-  that changes one token of a line, the line the issue quotes where it quotes one (``guided_edit:
-  quoted``), so its patch keeps the module and, on a level-0 issue, lands on the bug's line.
+  that changes one token of the line it names (``guided_edit: token``), so its patch keeps the module;
+  where training issues quote an editable line (a level-0 rung), one that may change only that line
+  (``guided_edit: quoted``), the bug's.
 
 A form credit invites its own hack (valid calls that make no progress): the engine's episode check
 (``fitness/validity.py``, ``episode_progress``) marks a branch invalid when its shaped reward rises on
@@ -209,18 +210,28 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
         "guided exploration over tools: grammar-constrained decoding (Geng et al., 2023) of a scripted workflow",
         move=KnobMove("guided_plan_share"), episodes_only=True),
     LibraryEntry(
-        "swe_guided_token_edits", "knob (episodes): a guided edit changes one token of the line the issue quotes, else of any line",
-        "knob:guided_edit", (when("train_guided_breaking_rate", ">", 0.5),),
-        "If guided_edit goes from {old} to {new} (a guided edit writes a line with one operator, comparison or "
-        "integer changed, in place of any line, and where the issue quotes a line, only that line), fewer guided "
-        "patches break passing tests and some resolve, because the policy's own replacement lines (`...`, prose) "
-        "break the module, while a one-token change keeps it importable, and a quoted line is the bug's; the policy "
+        "swe_guided_token_edits", "knob (episodes): a guided edit changes one token of the line it names",
+        # the training issues quote no editable line: where they do, `quoted` (below) is the same edit, aimed
+        "knob:guided_edit", (when("train_guided_breaking_rate", ">", 0.5), when("train_quoted_line_rate", "<=", 0.0)),
+        "If guided_edit goes from {old} to {new} (a guided edit writes the line it names with one operator, "
+        "comparison or integer changed, in place of any line), fewer guided patches break passing tests and some "
+        "resolve, because the policy's own replacement lines (`...`, prose) break the module, while a one-token "
+        "change keeps it importable, so whether an edit helps depends on the line and token chosen; the policy "
         "gradient then reinforces edits that keep the tests, not vandalism.",
         ExpectedEffect("train_guided_breaking_rate", "delta<", 0.0),
         "grammar-constrained decoding over a local edit space (one-token program repair, as in mutation-based APR)",
-        # quoted, not token: the two differ only where the issue quotes a line (level 0, a curriculum's rung),
-        # and there, untrained, a token edit took the file's first `def` line with a default value (1 of 16
-        # on the bug's line) where a quoted one took the bug's line 16 of 16 (docs/benchmarks/swe.md).
+        move=KnobMove("guided_edit", to="token"), episodes_only=True),
+    LibraryEntry(
+        "swe_guided_quoted_edits", "knob (episodes): a guided edit changes one token of the line the issue quotes",
+        # only where some training issues quote an editable line (a level-0 rung): elsewhere `quoted` is
+        # `token`, and a child would train exactly as its control
+        "knob:guided_edit", (when("train_guided_breaking_rate", ">", 0.5), when("train_quoted_line_rate", ">", 0.0)),
+        "If guided_edit goes from {old} to {new} (a guided edit writes a line with one operator, comparison or "
+        "integer changed, and on an issue that quotes a line, only that line), fewer guided patches break passing "
+        "tests and some resolve, because the quoted line is the bug's, where untrained guided edits take the "
+        "file's first `def` line with a default value; a group then holds a fixed episode beside unfixed ones.",
+        ExpectedEffect("train_guided_breaking_rate", "delta<", 0.0),
+        "a curriculum rung that gives the location (fault localisation) so the policy learns the repair",
         move=KnobMove("guided_edit", to="quoted"), episodes_only=True),
     LibraryEntry(
         "swe_call_form_credit", "reward (episodes): graded credit for the tool-call format, capped below a resolution",

@@ -261,6 +261,6 @@ def _rollout(task: Task, traj: Trajectory, res: dict[str, Any], seed: int, group
         truncated=res["stop_reason"] in LIMIT_STOPS, stop_reason=res["stop_reason"], turns=res["n_turns"],
         tool_calls=res["tool_calls"], turn_log=turns, gen_seconds=sum(t["generate_s"] for t in turns), seed=seed,
         group=group, step=step, split=task.split,
-        episode={**{k: res[k] for k in ("stop_reason", "submitted", "patch", "history_calls", "seconds")},
+        episode={**{k: res[k] for k in ("stop_reason", "submitted", "patch", "history_calls", "quotes_line", "seconds")},
                  "guided": traj.guided, "guide": traj.guide},
     )

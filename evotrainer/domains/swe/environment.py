@@ -169,6 +169,18 @@ class SWEEnvironment:
         return self.submitted is not None
 
     @property
+    def quotes_a_line(self) -> bool:
+        """Whether the issue quotes a line of a source file that a one-token edit can change: where
+        ``guided_edit: quoted`` differs from ``token`` (a level-0 issue quotes the wrong line; level 1
+        quotes calls and names, never such a line). The report reads it: a change between the two
+        edit forms is a change only on such issues."""
+        quoted = quoted_texts(self.issue)
+        return bool(quoted) and any(
+            ln.strip() in quoted and token_variants(ln)
+            for path, text in self.base.items() if path.endswith(".py") and not is_test_path(path)
+            for ln in unique_lines(text))
+
+    @property
     def executor(self) -> CodeExecutor:
         if self._executor is None:
             self._executor = CodeExecutor(1)

@@ -110,4 +110,5 @@ class Episode:
         return {"task_id": self.task.id, "messages": self.messages, "turns": self.turns, "n_turns": len(self.turns),
                 "tool_calls": [t["tool_call"] for t in self.turns], "submitted": env.done,
                 "patch": env.submitted or "", "stop_reason": self.stop, "history_calls": env.history_calls,
-                "seconds": time.monotonic() - self.start}
+                # an environment other than SWE's (a test's notes app) has no issue to quote a line
+                "quotes_line": bool(getattr(env, "quotes_a_line", False)), "seconds": time.monotonic() - self.start}

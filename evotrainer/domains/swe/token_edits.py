@@ -63,8 +63,12 @@ def _alternatives(tok: tokenize.TokenInfo, prev: tokenize.TokenInfo | None) -> l
 
 
 def quoted_texts(issue: str) -> set[str]:
-    """The texts an issue quotes in backticks, stripped (``The wrong line is ...: `x = 1`.``)."""
-    return {q.strip() for q in re.findall(r"`([^`\n]+)`", issue or "") if q.strip()}
+    """The texts an issue quotes in backticks that could be a line of code, stripped (``The wrong line
+    is ...: `x = 1`.``). A single word, number or path is left out: issues quote expected values,
+    names and files (`1`, `next_number`, `pkg/mod.py`), and a bare `1` once matched a continuation line
+    of a level-2 repository (it would have aimed a quoted guided edit at that line)."""
+    quotes = (q.strip() for q in re.findall(r"`([^`\n]+)`", issue or ""))
+    return {q for q in quotes if q and not re.fullmatch(r"[\w./'\"-]+", q)}
 
 
 def token_variants(line: str) -> list[str]:
