@@ -45,6 +45,9 @@ from evotrainer.operators.triggers import when
 
 FEWER_DEAD = ExpectedEffect("dead_group_ratio", "delta<", 0.0)
 FEWER_MALFORMED = ExpectedEffect("malformed_call_rate", "<", 0.5)
+# the two guided-edit entries answer one report (most guided patches break a passing test) and expect one effect
+GUIDED_BREAKING = when("train_guided_breaking_rate", ">", 0.5)
+FEWER_BREAKING = ExpectedEffect("train_guided_breaking_rate", "delta<", 0.0)
 
 
 CALL_FORM_CREDIT = '''def reward(rollouts, tasks):
@@ -212,25 +215,25 @@ SWE_ENTRIES: tuple[LibraryEntry, ...] = (
     LibraryEntry(
         "swe_guided_token_edits", "knob (episodes): a guided edit changes one token of the line it names",
         # the training issues quote no editable line: where they do, `quoted` (below) is the same edit, aimed
-        "knob:guided_edit", (when("train_guided_breaking_rate", ">", 0.5), when("train_quoted_line_rate", "<=", 0.0)),
+        "knob:guided_edit", (GUIDED_BREAKING, when("train_quoted_line_rate", "<=", 0.0)),
         "If guided_edit goes from {old} to {new} (a guided edit writes the line it names with one operator, "
         "comparison or integer changed, in place of any line), fewer guided patches break passing tests and some "
         "resolve, because the policy's own replacement lines (`...`, prose) break the module, while a one-token "
         "change keeps it importable, so whether an edit helps depends on the line and token chosen; the policy "
         "gradient then reinforces edits that keep the tests, not vandalism.",
-        ExpectedEffect("train_guided_breaking_rate", "delta<", 0.0),
+        FEWER_BREAKING,
         "grammar-constrained decoding over a local edit space (one-token program repair, as in mutation-based APR)",
         move=KnobMove("guided_edit", to="token"), episodes_only=True),
     LibraryEntry(
         "swe_guided_quoted_edits", "knob (episodes): a guided edit changes one token of the line the issue quotes",
         # only where some training issues quote an editable line (a level-0 rung): elsewhere `quoted` is
         # `token`, and a child would train exactly as its control
-        "knob:guided_edit", (when("train_guided_breaking_rate", ">", 0.5), when("train_quoted_line_rate", ">", 0.0)),
+        "knob:guided_edit", (GUIDED_BREAKING, when("train_quoted_line_rate", ">", 0.0)),
         "If guided_edit goes from {old} to {new} (a guided edit writes a line with one operator, comparison or "
         "integer changed, and on an issue that quotes a line, only that line), fewer guided patches break passing "
         "tests and some resolve, because the quoted line is the bug's, where untrained guided edits take the "
         "file's first `def` line with a default value; a group then holds a fixed episode beside unfixed ones.",
-        ExpectedEffect("train_guided_breaking_rate", "delta<", 0.0),
+        FEWER_BREAKING,
         "a curriculum rung that gives the location (fault localisation) so the policy learns the repair",
         move=KnobMove("guided_edit", to="quoted"), episodes_only=True),
     LibraryEntry(
