@@ -124,8 +124,9 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
     c.train.steps = steps
     c.grpo = type(cfg.grpo)()          # the genome holds the knobs already
     t0 = time.perf_counter()
+    # A seed killed mid-training continues from its checkpoint (train.save_steps), not from step 0.
     result = train_branch(c, validate=True, overwrite=True, init_adapter=init_adapter)
-    train_s = time.perf_counter() - t0
+    earlier_s = result.elapsed_s - (time.perf_counter() - t0)   # the sittings before this one
     signals = test_signals(c, program, result.version_dir)
     steps_log = result.steps
     return {
@@ -137,7 +138,8 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
         "train_reward_last8": statistics.fmean(m.get("reward_mean", 0.0) for m in steps_log[-8:]) if steps_log else None,
         "truncation_last8": statistics.fmean(m.get("truncation_rate", 0.0) for m in steps_log[-8:]) if steps_log else None,
         "dead_group_ratio_mean": statistics.fmean(m.get("dead_group_ratio", 0.0) for m in steps_log) if steps_log else None,
-        "train_seconds": train_s, "wall_s": time.perf_counter() - t0,
+        "train_seconds": result.elapsed_s, "wall_s": earlier_s + time.perf_counter() - t0,
+        "resumed_from_step": result.resumed_from,
     }
 
 

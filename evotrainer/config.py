@@ -142,6 +142,9 @@ class TrainConfig(_Section):
     eval_size: int | None = Field(None, ge=1, le=1_000_000, description="held-out tasks verified (None = all)")
     carry_optimizer: bool = Field(False, description="a version starts from its parent's AdamW moments "
                                                    "(population-based-training style); false: a fresh AdamW per version")
+    save_steps: int = Field(1, ge=0, le=10_000_000, description=(
+        "evotrainer train (and the benchmarks on it): a resumable checkpoint every this many steps, which a killed "
+        "training's next train continues from (0: none; a loop run resumes version by version instead)"))
 
 
 class LLMConfig(_Section):

@@ -11,6 +11,22 @@ from evotrainer.records.version import BranchVersion, VersionDir
 
 TERMINAL = {"kept", "promoted", "rejected", "invalid", "pruned"}
 
+# A reward that varies within groups, so every step moves the weights (the tiny model's answers are
+# never correct, and a constant reward would leave them as they were): for the kill-and-resume tests.
+MOVING_REWARD_HARNESS = '''
+def reward(rollouts, tasks):
+    return [float(len(r["completion"]) % 3) for r in rollouts]
+'''
+
+
+class Crashed(BaseException):
+    """Stands in for os._exit(137) in-process: nothing after the crash point runs or saves."""
+
+
+def die():
+    """What a test puts in place of ``evotrainer.loop.crash._die``."""
+    raise Crashed
+
 
 def tiny_cfg(run_dir, **evolution):
     """A loop config on the tiny model that runs three generations in about a minute on CPU

@@ -63,6 +63,22 @@ def test_headroom_trains_variants_and_pairs_them_with_the_reference(tmp_path):
     assert mixed.returncode != 0 and "holds runs that started from the base model" in mixed.stderr
 
 
+def test_headroom_killed_mid_seed_resumes_at_its_checkpoint(tmp_path):
+    """A seed killed after its first step (kill -9 at the checkpoint) continues at step 1 on the rerun."""
+    args = [str(ROOT / "benchmarks" / "headroom.py"), "--config", str(ROOT / "examples" / "quickstart.yaml"),
+            "--model", "tiny-random", "--steps", "2", "--seeds", "0", "--n-test", "4",
+            "--variants", "reference", "--out", "runs", "--json", "h.json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2", "EVOTRAINER_CRASH_AT": "train:checkpoint-saved:1"}
+    died = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert died.returncode == 137, died.stdout[-2000:] + died.stderr[-3000:]
+    assert json.loads((tmp_path / "h.json").read_text())["runs"] == []
+    _run(args, tmp_path)
+    [row] = json.loads((tmp_path / "h.json").read_text())["runs"]
+    assert row["resumed_from_step"] == 1 and row["steps"] == 2 and len(row["test_scores"]) == 4
+    steps = (tmp_path / "runs" / "reference" / "seed0" / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(s)["step"] for s in steps] == [0, 1]
+
+
 def test_headroom_on_swe_reports_what_each_episode_did(tmp_path):
     """On SWE the screen scores episodes: per test task resolved, calls accepted, edits, test runs,
     progress, paired with the reference; and how far up the call-form ladder training got."""

@@ -14,22 +14,7 @@ from safetensors.torch import load_file
 from evotrainer.config import parse_config
 from evotrainer.loop import crash
 from evotrainer.loop.experiment import Experiment
-from tests.loop_runs import tiny_cfg
-
-# A reward that varies within groups, so every step moves the weights (the tiny model's answers
-# are never correct, and a constant reward would leave them as they were).
-HARNESS = '''
-def reward(rollouts, tasks):
-    return [float(len(r["completion"]) % 3) for r in rollouts]
-'''
-
-
-class Crashed(BaseException):
-    """Stands in for os._exit(137) in-process: nothing after the crash point runs or saves."""
-
-
-def die():
-    raise Crashed
+from tests.loop_runs import MOVING_REWARD_HARNESS, Crashed, die, tiny_cfg
 
 
 def weights(run_dir, vid):
@@ -38,7 +23,7 @@ def weights(run_dir, vid):
 
 def config(tmp_path, name):
     harness = tmp_path / "harness.py"
-    harness.write_text(HARNESS)
+    harness.write_text(MOVING_REWARD_HARNESS)
     cfg = tiny_cfg(tmp_path / name, population_size=1, children_per_generation=0, generations=2,
                    steps_per_generation=2)
     cfg["harness"] = str(harness)

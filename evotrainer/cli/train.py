@@ -41,7 +41,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(" ".join(f"{_fmt(m.get(c, float('nan'))):>11}" for c in columns), flush=True)
 
     result = train_branch(cfg, on_step=on_step, on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-                          validate=False, overwrite=args.overwrite, init_adapter=args.init_adapter)
+                          validate=False, overwrite=args.overwrite, init_adapter=args.init_adapter,
+                          restart=args.restart)
     table = Table(title=f"held-out accuracy ({cfg.domain.name})")
     table.add_column("before")
     table.add_column("after")
@@ -58,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="override run_dir (the version directory written)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the trained version in the directory (once the new training succeeded)")
+    p.add_argument("--restart", action="store_true",
+                   help="discard the checkpoint of an unfinished training in the run dir and start from step 0 "
+                        "(by default a training of the same config and harness continues from it)")
     p.add_argument("--init-adapter", metavar="DIR",
                    help="start from this LoRA adapter (e.g. a version's adapter/ folder) instead of a fresh one")
     p.set_defaults(func=cmd_train)
