@@ -46,7 +46,7 @@ MODES = ("reference", "evolve", "random-library")
 # 0c8b068, which act only at the 16-step settings' budgets): the headline. The elite's order that main's
 # `evolve` has used since (written after 51's math-learns scores) is measured on draw 52.
 # Later rules, each read from a draw's test scores, are measured on draws 53 (stopped), 54 (stopped after
-# math-misfit-lr) and 55 (docs/benchmarks/suite.md).
+# math-misfit-lr), 55 and 56 (probes that stop when they tie: code-2; docs/benchmarks/suite.md).
 DOMAIN_SEED = 51
 RESULTS = ROOT / "benchmarks" / "results" / f"suite_ds{DOMAIN_SEED}"
 

@@ -279,6 +279,10 @@ class EvolutionConfig(_Section):
         "survivor's continuation and its children, while the steps beside its lineage stay within a quarter of "
         "budget.train_steps; null: 1 where the exploration share holds fewer than 1 + 2 x (1 + "
         "children_per_generation) versions of steps_per_generation steps, else no probes; 0: never probe"))
+    probe_patience: int | None = Field(1, ge=1, le=1_000, description=(
+        "while probing: after this many probe generations in a row that promote no child, beside an elite whose "
+        "training moves (not adapter_stuck), probing stops and the rest of the side share goes to the elite's "
+        "lineage (loop/stages/probes.py); null: probe until the quarter of the budget is spent"))
     knobs_startup_trials: int = Field(3, ge=0, description="random knob trials before TPE models the paired deltas")
     entry_prior: str | None = Field("shipped", description="how the library and llm_choice weigh fired entries by "
                                     "what each did when screened alone on this domain: 'shipped' (the screens "

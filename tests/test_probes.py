@@ -38,7 +38,9 @@ def test_probe_generations_are_short_and_the_task_schedule_follows_them(tmp_path
 
 
 def test_24_steps_try_at_least_4_children_and_the_pick_keeps_three_quarters_of_the_depth(tmp_path):
-    exp = Experiment(cfg(tmp_path, "run", 24, steps_per_generation=2, population_size=4, generations=30))
+    # probe_patience null: the side share decides alone (by default ties end probing: the test below)
+    exp = Experiment(cfg(tmp_path, "run", 24, steps_per_generation=2, population_size=4, generations=30,
+                         probe_patience=None))
     state = exp.run()
     assert state.budget_used["train_steps"] in (24, 25), state.budget_used
     metas = [exp.vdir(v).meta() for v in exp.versions()]
@@ -56,4 +58,44 @@ def test_24_steps_try_at_least_4_children_and_the_pick_keeps_three_quarters_of_t
     assert lineage_steps(exp, state.final["version"]) >= 18, state.final
     assert any("probing" in e for e in state.events) or state.exploit_from <= 1, state.events
     check_invariants(exp.run_dir)
+    exp.close()
+
+
+def test_a_probe_generation_that_promotes_nothing_beside_a_moving_elite_ends_probing(tmp_path):
+    """By default (``probe_patience`` 1) the side share is spent only while probes pay: on code-2, 9 of 10
+    runs promoted no child in either probe generation and the pick ended 13 steps deep against 16. The
+    tiny model's children tie their control (no answer is ever correct), so the exploit phase starts
+    after generation 1, 2 children tried, and the pick trains every step the side share did not."""
+    import json
+
+    from evotrainer.fitness.engine_metrics import engine_alerts
+    from evotrainer.loop.stages.exploit import probing_spent
+
+    exp = Experiment(cfg(tmp_path, "run", 24, steps_per_generation=2, population_size=4, generations=30))
+    state = exp.run()
+    assert state.exploit_from == 1, state.events
+    assert any("promoted no child" in e and "probe_patience" in e for e in state.events), state.events
+    metas = [exp.vdir(v).meta() for v in exp.versions()]
+    tried = [m for m in metas if m.operator is not None and exp.vdir(m.id).steps()]
+    assert len(tried) == 2 and all(m.generation == 1 for m in tried)
+    assert lineage_steps(exp, state.final["version"]) >= 22, state.final   # 24 less the two probes
+    # What would have kept it probing: a promoted child, or an elite whose training moves nothing.
+    survivors = [m.id for m in metas if m.generation == 1 and m.operator is None]
+    cands = exp.candidates([m.id for m in metas if m.generation == 1])
+    assert probing_spent(exp, 1, cands, survivors)
+    child = exp.vdir(tried[0].id)
+    meta = child.meta()
+    meta.decision = {**(meta.decision or {}), "promote": True}
+    child.save_meta(meta)
+    assert probing_spent(exp, 1, cands, survivors) == ""
+    meta.decision["promote"] = False
+    child.save_meta(meta)
+    health = exp.vdir(survivors[0]).path / "health.json"
+    report = json.loads(health.read_text())
+    seen = {"heldout_changed_rate": 0.0, "dead_group_ratio": 0.5}   # groups with a gradient, answers unmoved
+    report["alerts"] = engine_alerts(seen)
+    report.setdefault("engine", {}).update(seen)
+    report.setdefault("metrics", {}).update(seen)
+    health.write_text(json.dumps(report))
+    assert probing_spent(exp, 1, exp.candidates([m.id for m in metas if m.generation == 1]), survivors) == ""
     exp.close()

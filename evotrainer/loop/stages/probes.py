@@ -17,6 +17,10 @@ where the exploration share holds fewer than ``1 + 2 × (1 + children_per_genera
 up explore as before). A child and its control train the same steps from the same parent in one
 generation, so the gate compares harnesses, not step counts; a probe is a shorter look than a full
 generation, so it tells fewer harnesses apart (the racing gate, ``race_cap``, buys it more tasks).
+
+Probing also stops early (``evolution.probe_patience``; ``probing_spent`` in ``loop/stages/exploit.py``):
+after a probe generation that promoted no child beside an elite that moves, the rest of the side share
+goes to the elite's lineage.
 """
 
 from __future__ import annotations
