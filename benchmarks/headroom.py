@@ -110,7 +110,7 @@ def build_variant(name: str, seed: HarnessProgram) -> HarnessProgram:
 
 
 def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root: Path,
-            init_adapter: str | None = None) -> dict:
+            init_adapter: str | None = None, restart: bool = False) -> dict:
     """Trains ``program`` from the seed (or ``init_adapter``) for ``steps`` steps and verifies it on the
     test split."""
     from evotrainer.loop.compute.train_branch import train_branch
@@ -125,7 +125,12 @@ def run_one(cfg, name: str, program: HarnessProgram, seed: int, steps: int, root
     c.grpo = type(cfg.grpo)()          # the genome holds the knobs already
     t0 = time.perf_counter()
     # A seed killed mid-training continues from its checkpoint (train.save_steps), not from step 0.
-    result = train_branch(c, validate=True, overwrite=True, init_adapter=init_adapter)
+    from evotrainer.loop.compute.checkpoint import CheckpointMismatch
+
+    try:
+        result = train_branch(c, validate=True, overwrite=True, init_adapter=init_adapter, restart=restart)
+    except CheckpointMismatch as e:
+        raise SystemExit(f"{name} seed {seed}: {e} (headroom.py: --restart)") from None
     earlier_s = result.elapsed_s - (time.perf_counter() - t0)   # the sittings before this one
     signals = test_signals(c, program, result.version_dir)
     steps_log = result.steps
@@ -251,6 +256,8 @@ def main(argv=None) -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--init-adapter", default=None, help="start every run from this LoRA adapter (a version's "
                     "adapter/ folder) instead of the base model")
+    ap.add_argument("--restart", action="store_true", help="discard the checkpoint of a seed killed mid-training "
+                    "(by default it continues from it) and train it from step 0")
     ap.add_argument("--report", action="store_true", help="print the table from --json and stop")
     ap.add_argument("--versus", default=None, help="with --report: another headroom JSON (one variant, the same start "
                     "and test split) whose runs stand in for the reference, paired over (task, seed)")
@@ -307,7 +314,7 @@ def main(argv=None) -> None:
             if (name, seed) in done:
                 continue
             print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} ...", flush=True)
-            r = run_one(cfg, name, programs[name], seed, args.steps, Path(args.out), args.init_adapter)
+            r = run_one(cfg, name, programs[name], seed, args.steps, Path(args.out), args.init_adapter, args.restart)
             data["runs"].append(r)
             path.write_text(json.dumps(data, indent=1))
             print(f"  test {r['test_accuracy']:.3f}, {r['skipped_steps']} skipped steps, {r['wall_s']:.0f} s", flush=True)

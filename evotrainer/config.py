@@ -282,7 +282,7 @@ class EvolutionConfig(_Section):
     probe_patience: int | None = Field(1, ge=1, le=1_000, description=(
         "while probing: after this many probe generations in a row that promote no child, beside an elite whose "
         "training moves (not adapter_stuck), probing stops and the rest of the side share goes to the elite's "
-        "lineage (loop/stages/probes.py); null: probe until the quarter of the budget is spent"))
+        "lineage (probing_spent in loop/stages/exploit.py); null: probe until the quarter of the budget is spent"))
     knobs_startup_trials: int = Field(3, ge=0, description="random knob trials before TPE models the paired deltas")
     entry_prior: str | None = Field("shipped", description="how the library and llm_choice weigh fired entries by "
                                     "what each did when screened alone on this domain: 'shipped' (the screens "

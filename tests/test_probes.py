@@ -99,3 +99,17 @@ def test_a_probe_generation_that_promotes_nothing_beside_a_moving_elite_ends_pro
     health.write_text(json.dumps(report))
     assert probing_spent(exp, 1, exp.candidates([m.id for m in metas if m.generation == 1]), survivors) == ""
     exp.close()
+
+
+def test_a_promotion_counts_for_patience_unless_a_person_held_it_back():
+    from evotrainer.loop.stages.exploit import promoted
+    from evotrainer.records.version import BranchVersion, Status
+
+    def meta(status, **decision):
+        return BranchVersion(id="v0002", base_model="tiny-random", genome_hash="h", parents=["v0000"], status=status,
+                             decision=decision)
+    assert promoted(meta(Status.PROMOTED, promote=True))
+    assert promoted(meta(Status.PRUNED, promote=True))          # selection dropped it since: it still counts
+    assert not promoted(meta(Status.PRUNED, promote=False)) and not promoted(meta(Status.KEPT, promote=False))
+    held = {"promote": True, "human": [{"outcome": {"from": "promoted", "to": "kept"}}]}
+    assert not promoted(meta(Status.KEPT, **held)) and not promoted(meta(Status.PRUNED, **held))

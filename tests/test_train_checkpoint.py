@@ -16,6 +16,7 @@ from evotrainer.config import parse_config
 from evotrainer.loop import crash
 from evotrainer.loop.compute.checkpoint import CheckpointMismatch
 from evotrainer.loop.compute.train_branch import train_branch
+from evotrainer.records.run_dir import RunDirError
 from evotrainer.records.version import VersionDir
 from tests.loop_runs import MOVING_REWARD_HARNESS, Crashed, die
 
@@ -117,6 +118,14 @@ def test_a_checkpoint_of_another_training_is_named_and_kept_unless_restarted(tmp
     meta = VersionDir(tmp_path / "run").meta()
     assert meta.metrics["resumed_from_step"] == 0
     assert json.loads((tmp_path / "run" / "config.json").read_text())["grpo"]["learning_rate"] == 5e-3
+    # A field the checkpoint's config lacks (added to evotrainer since it was written) reads at its default.
+    cfg3 = config(tmp_path, "run3")
+    crashed_at(monkeypatch, cfg3, "train:checkpoint-saved:1")
+    state_path = tmp_path / "run3" / ".partial" / "checkpoint" / "state.json"
+    state = json.loads(state_path.read_text())
+    del state["config"]["train"]["decoder"], state["config"]["evolution"]["probe_patience"]
+    state_path.write_text(json.dumps(state))
+    assert train_branch(parse_config(cfg3)).resumed_from == 1
     # More steps than the first config asked for continue a checkpoint; fewer than it reached do not.
     cfg2 = config(tmp_path, "run2")
     crashed_at(monkeypatch, cfg2, "train:checkpoint-saved:2")
@@ -126,3 +135,30 @@ def test_a_checkpoint_of_another_training_is_named_and_kept_unless_restarted(tmp
     cfg2["train"]["steps"] = 4
     assert train_branch(parse_config(cfg2)).resumed_from == 2
     assert [s["step"] for s in VersionDir(tmp_path / "run2").steps()] == [0, 1, 2, 3]
+
+
+def test_a_kill_after_the_last_step_or_while_moving_in_repeats_no_step(whole, tmp_path, monkeypatch):
+    """The last step is checkpointed too (a kill while the trained adapter is verified retrains
+    nothing), and a kill while the finished version moves in is completed, not resumed."""
+    want_dir, want = whole
+    cfg = config(tmp_path, "run")
+    crashed_at(monkeypatch, cfg, "train:checkpoint-saved:3")
+    got = train_branch(parse_config(cfg))
+    assert got.resumed_from == 3 and got.heldout_after == want.heldout_after
+    a, b = weights(want_dir), weights(tmp_path / "run")
+    for k in a:
+        assert (a[k] == b[k]).all(), k
+    cfg = config(tmp_path, "moving")
+    crashed_at(monkeypatch, cfg, "train:moving-in")   # after the first entry moved
+    assert (tmp_path / "moving" / ".partial" / "meta.json").is_file()
+    said = []
+    with pytest.raises(RunDirError, match="holds a trained version already"):
+        train_branch(parse_config(cfg), on_event=said.append)   # the training finished: nothing to resume
+    assert any("completing the move" in m for m in said), said
+    assert not (tmp_path / "moving" / ".partial").exists()
+    vd = VersionDir(tmp_path / "moving")
+    assert vd.meta().status == "trained" and vd.meta().metrics["steps"] == 3
+    assert [s["step"] for s in vd.steps()] == [0, 1, 2] and (vd.path / "genome.py").is_file()
+    b = weights(tmp_path / "moving")
+    for k in a:
+        assert (a[k] == b[k]).all(), k

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from evotrainer.config import Config
+from evotrainer.config import Config, ConfigError, parse_config
 from evotrainer.loop.crash import crash_point
 from evotrainer.records.rollout import Rollout
 from evotrainer.records.run_dir import RunDirError
@@ -38,8 +38,10 @@ from evotrainer.records.version import VersionDir, write_atomic
 NAME = "checkpoint"
 OPTIMIZER = "optimizer.pt"
 STATE = "state.json"
-# What may change between a training and its resumption without making it another training.
-FREE = ({"run_dir"}, {"steps", "save_steps"})   # (top-level keys, train.* keys)
+# What may change between a training and its resumption without making it another training: where it
+# is written, how long it runs, how often it checkpoints; the harness file's path (its genome hash is
+# compared) and the loop's own section, which one-version training does not read.
+FREE = ({"run_dir", "harness", "evolution"}, {"steps", "save_steps"})   # (top-level keys, train.* keys)
 
 
 class CheckpointMismatch(RunDirError):
@@ -60,7 +62,7 @@ class Resumed:
         trainer.load_optimizer_state(torch.load(self.path / OPTIMIZER, weights_only=True))
 
 
-def identity(cfg: Config, genome_hash: str, init_adapter: Path | None) -> dict[str, Any]:
+def identity(cfg: Config, genome_hash: str, init_adapter: Path | str | None) -> dict[str, Any]:
     """What makes a training the same training: its config (less what ``FREE`` lets change), its
     harness and where its adapter started."""
     conf = cfg.model_dump(mode="json")
@@ -97,7 +99,13 @@ def load(partial: Path, ident: dict[str, Any], total_steps: int, restart: bool) 
     if path is None or restart:
         return None
     state = json.loads((path / STATE).read_text())
-    diff = differences(state["identity"], ident)
+    try:   # parsed again, so a field added since (at its default) or renamed reads as the code reads it now
+        saved = identity(parse_config(state["config"], f"{path / STATE}"), state["genome_hash"], state["init_adapter"])
+    except ConfigError as e:
+        raise CheckpointMismatch(f"{partial.parent} holds the checkpoint of an unfinished training at step {state['step']} "
+                                 f"whose config this version of evotrainer no longer reads ({e}): pass --restart to "
+                                 "start from step 0, or continue it with the evotrainer version that wrote it") from None
+    diff = differences(saved, ident)
     if diff:
         raise CheckpointMismatch(
             f"{partial.parent} holds the checkpoint of an unfinished training at step {state['step']} that is another "
@@ -116,7 +124,7 @@ def load(partial: Path, ident: dict[str, Any], total_steps: int, restart: bool) 
                    float(state.get("elapsed_s", 0.0)))
 
 
-def save(partial: Path, ident: dict[str, Any], step: int, policy, branch: str, trainer,
+def save(partial: Path, cfg: Config, genome_hash: str, init_adapter: Path | None, step: int, policy, branch: str, trainer,
          steps: list[dict[str, Any]], rollouts: list[Rollout], violations: list[str], elapsed_s: float) -> Path:
     """Writes the checkpoint after ``step`` steps (the next to run is ``step``) and swaps it in;
     ``elapsed_s``: the training's seconds so far, every sitting's."""
@@ -130,7 +138,8 @@ def save(partial: Path, ident: dict[str, Any], step: int, policy, branch: str, t
     vd.save_engine_violations(violations)
     for m in steps:
         vd.append_step(m)
-    state = {"step": step, "elapsed_s": elapsed_s, "identity": ident}
+    state = {"step": step, "elapsed_s": elapsed_s, "config": cfg.model_dump(mode="json"), "genome_hash": genome_hash,
+             "init_adapter": str(init_adapter) if init_adapter else None}
     write_atomic(tmp / STATE, json.dumps(state, indent=1))   # last: it marks the folder whole
     if final.is_dir():
         shutil.rmtree(old, ignore_errors=True)

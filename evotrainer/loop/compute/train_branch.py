@@ -75,6 +75,7 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
     # Only a version directory (or a new or empty one) is written, by one process at a time.
     rundir.claim(out.path, "version")
     with rundir.acquire(out.path, "evotrainer train"):
+        _roll_forward(out.path / PARTIAL, out.path, say)
         if (out.path / "meta.json").is_file() and not overwrite:
             raise rundir.RunDirError(f"{out.path} holds a trained version already (meta.json): train into a new "
                                      "--run-dir, or pass --overwrite to replace it once the new training succeeded")
@@ -115,9 +116,10 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                 steps.append(bt.step(i))
                 if on_step:
                     on_step(steps[-1])
-                if every and (i + 1) % every == 0 and i + 1 < cfg.train.steps:
-                    checkpoint.save(partial.path, ident, i + 1, rt.policy, BRANCH, bt.trainer, steps, bt.rollouts,
-                                    bt.violations, prior_s + time.perf_counter() - t0)
+                # The last step too: a kill while the trained adapter is verified repeats no step.
+                if every and ((i + 1) % every == 0 or i + 1 == cfg.train.steps):
+                    checkpoint.save(partial.path, cfg, program.hash, init_adapter, i + 1, rt.policy, BRANCH,
+                                    bt.trainer, steps, bt.rollouts, bt.violations, prior_s + time.perf_counter() - t0)
                     crash_point(f"train:checkpoint-saved:{i + 1}")
             rt.policy.check_adapter_applied(BRANCH)
             say(f"verifying {len(rt.heldout_tasks)} held-out tasks after training")
@@ -174,6 +176,20 @@ def _pending_version(path: Path, cfg: Config, program: HarnessProgram) -> Versio
     return vd
 
 
+def _roll_forward(partial: Path, out: Path, say: Callable[[str], None]) -> None:
+    """A training killed while its finished version moved in (meta.json last) is moved in, not resumed:
+    ``.partial`` with a finished meta completes the move; one whose meta already moved is what the
+    move left behind (the checkpoint among it) and goes."""
+    if not partial.is_dir():
+        return
+    meta = partial / "meta.json"
+    if meta.is_file() and VersionDir(partial).meta().status != Status.PENDING:
+        say(f"completing the move of a finished training into {out} (killed while it moved in)")
+        _move_in(partial, out)
+    elif not meta.is_file() and (out / "meta.json").is_file():
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def _move_in(partial: Path, out: Path) -> None:
     """Moves every entry of ``partial`` into ``out`` (replacing what is there), meta.json last; the
     checkpoint stays behind until the version is in (a kill before then still resumes from it)."""
@@ -184,4 +200,5 @@ def _move_in(partial: Path, out: Path) -> None:
         if target.is_dir():
             shutil.rmtree(target)   # no file of an earlier adapter (or rollouts folder) survives
         os.replace(partial / name, target)
+        crash_point("train:moving-in")
     shutil.rmtree(partial, ignore_errors=True)
