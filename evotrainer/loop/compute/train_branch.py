@@ -93,7 +93,7 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                 shutil.copytree(init_adapter, partial.adapter_dir)
                 write_atomic(partial.path / "init_adapter.json", json.dumps({"from": str(init_adapter)}))
                 say(f"starting from the adapter in {init_adapter}")
-        prior_s = resumed.elapsed_s if resumed else 0.0
+        start, prior_s = (resumed.step, resumed.elapsed_s) if resumed else (0, 0.0)
         ctx = StandaloneContext(cfg, vdir=lambda vid: partial, say=say)
         rt = ctx.runtime
         say(f"loading {cfg.model} (rollout engine: {rt.engine_name})")
@@ -112,7 +112,7 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
                 for m in steps:   # BranchTraining starts steps.jsonl afresh
                     partial.append_step(m)
             every = cfg.train.save_steps
-            for i in range(resumed.step if resumed else 0, cfg.train.steps):
+            for i in range(start, cfg.train.steps):
                 steps.append(bt.step(i))
                 if on_step:
                     on_step(steps[-1])
@@ -131,14 +131,13 @@ def train_branch(cfg: Config, on_step: Callable[[dict[str, Any]], None] | None =
         write_atomic(partial.path / "config.json", cfg.model_dump_json(indent=2))
         summary = {"heldout_accuracy": acc_after, "heldout_accuracy_before": acc_before,
                    "train_reward_mean": mean([s.get("reward_mean", math.nan) for s in steps[-3:]]),
-                   "steps": float(len(steps)), "resumed_from_step": float(resumed.step if resumed else 0)}
+                   "steps": float(len(steps)), "resumed_from_step": float(start)}
         partial.save_meta(BranchVersion(id=BRANCH, base_model=cfg.model, genome_hash=program.hash, parents=["base"],
                                         metrics=summary))
         if (out.path / "meta.json").is_file():
             say(f"replacing the version in {out.path} (--overwrite)")
         _move_in(partial.path, out.path)
-    return TrainResult(out.path, acc_before, acc_after, steps, resumed.step if resumed else 0,
-                       prior_s + time.perf_counter() - t0)
+    return TrainResult(out.path, acc_before, acc_after, steps, start, prior_s + time.perf_counter() - t0)
 
 
 def check_init_adapter(cfg: Config, path: str | Path) -> Path:
